@@ -47,11 +47,11 @@ def emit_report(result: GateResult, fmt: str, output: Path | None, *, force: boo
     from gate.reports import render
 
     fmt = check_format(fmt)
-    if fmt == "rich" and output is None:
+    if fmt == "rich" and output is None and sys.stdout.isatty():
         from gate.reports.terminal import print_report
 
         print_report(result, Console(highlight=False, soft_wrap=False))
-    else:
+    else:  # a file or a pipe: fixed width, no colour codes (render_text for "rich")
         text = render(result, fmt)
         if output is not None:
             atomic_write(output, text.encode("utf-8"), overwrite=force)
@@ -63,16 +63,21 @@ def emit_report(result: GateResult, fmt: str, output: Path | None, *, force: boo
             sys.stdout.flush()
             if fmt != "rich":
                 print(result.summary, file=sys.stderr)
-    if fmt == "markdown" or os.environ.get("GITHUB_STEP_SUMMARY"):
-        _append_step_summary(result)
+    _append_step_summary(result)
 
 
 def _append_step_summary(result: GateResult) -> None:
+    """In a GitHub Actions job (`GITHUB_STEP_SUMMARY` set), append the Markdown report to
+    the job summary, whatever the format asked for. A summary that cannot be written is a
+    warning: it must not change the gate's verdict or exit code."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return
     from gate.reports import render
 
-    with open(target, "a", encoding="utf-8") as fh:
-        fh.write(render(result, "markdown"))
-        fh.write("\n")
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(render(result, "markdown"))
+            fh.write("\n")
+    except OSError as exc:
+        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}", file=sys.stderr)

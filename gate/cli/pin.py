@@ -1,9 +1,177 @@
-"""Commands of this module are registered by `register(app)`."""
+"""`gate pin record`: run the vLLM oracle over a prompt suite and write the pin;
+`gate pin show`: a pin's provenance and its exact top-2 ties.
+
+The recording itself is `gate.core.runner.record_oracle`; the folder's files are written by
+`gate.core.pins.write_pin`. This module parses options and prints.
+"""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
+def record_pin(
+    *,
+    model: str,
+    prompts: Path | None,
+    max_tokens: int | None,
+    top_k: int | None,
+    engine_opts: list[str] | None,
+    model_path: Path | None,
+    pins_dir: Path | None,
+    force: bool,
+) -> int:
+    from gate.cli.common import parse_engine_opts
+    from gate.core.pins import (
+        SUITE_FILE,
+        diff_pins,
+        exact_top2_ties,
+        folder_for_writing,
+        read_settings,
+        write_pin,
+    )
+    from gate.core.runner import engine_call, record_oracle
+    from gate.core.suite import read_suite
+    from gate.core.trace import read_trace
+    from gate.engines.registry import load_engine
+    from gate.errors import InputError, PinError
+
+    folder = folder_for_writing(model, pins_dir)
+    # Everything that can be refused is refused before the oracle loads (minutes on a GPU).
+    if folder.pin_path.exists() and not force:
+        raise PinError(
+            f"{folder.pin_path} exists; pass --force to re-record it "
+            "(the old pin is kept as a backup, and what moved is shown)"
+        )
+    old = read_trace(folder.pin_path, role="oracle") if folder.pin_path.exists() else None
+    settings = read_settings(folder.settings_path).with_overrides(
+        max_tokens=max_tokens, top_k=top_k, engine_opts=parse_engine_opts(engine_opts)
+    )
+    if settings.model is not None and settings.model != model:
+        raise InputError(f"{folder.settings_path}: field 'model': {settings.model!r}, but --model is {model!r}")
+    if settings.model is None:
+        from dataclasses import replace
+
+        settings = replace(settings, model=model)
+    source = prompts if prompts is not None else folder.suite_path
+    if prompts is None and not source.exists():
+        raise InputError(f"no prompt suite: {folder.path} has no {SUITE_FILE}; pass --prompts FILE")
+    # --max-tokens overrides every prompt; else a prompt's own, else oracle.json's.
+    suite = read_suite(source).resolved(settings.max_tokens, override=max_tokens)
+
+    source_model = str(model_path) if model_path is not None else model
+    print(
+        f"recording the {settings.engine} oracle for {model}: {len(suite)} prompts, top-{settings.top_k} logprobs",
+        file=sys.stderr,
+    )
+    engine = load_engine(settings.engine, source_model, settings.engine_kwargs())
+    try:
+        trace = record_oracle(
+            engine,
+            model=model,
+            suite=suite,
+            settings=settings,
+            pin_path=str(folder.pin_path),
+            model_source=source_model,
+        )
+    finally:
+        engine_call(engine, "close", engine.close)
+    if old is not None:
+        for line in diff_pins(old, trace).lines():
+            print(line, file=sys.stderr)
+    done = write_pin(folder, suite, settings, trace, force=force)
+    for kept in done.backups:
+        print(f"kept the old {kept.name.split('.bak-')[0]} as {kept}", file=sys.stderr)
+    ties = exact_top2_ties(trace)
+    positions = sum(len(r.token_ids) for r in trace.records)
+    print(
+        f"pin written to {folder.pin_path}: {len(trace.records)} prompts, {positions} positions; "
+        f"{len(ties)} positions where the oracle's top two logprobs are exactly equal",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
+    import orjson
+
+    from gate.cli.run import default_model
+    from gate.core.pins import exact_top2_ties, load_pin
+
+    pin = load_pin(model or default_model(), pins_dir)
+    header = pin.trace.header
+    ties = exact_top2_ties(pin.trace)
+    out = {
+        "pin": str(pin.folder.pin_path),
+        "model": header.model,
+        "prompts": len(pin.trace.records),
+        "positions": sum(len(r.token_ids) for r in pin.trace.records),
+        "top_k": header.top_k,
+        "engine": dict(header.engine),
+        **{k: v for k, v in header.extra.items() if k != "prompt_sha256"},
+        "exact_top2_ties": [
+            {"prompt_id": t.prompt_id, "position": t.position, "chosen": t.chosen, "other": t.other} for t in ties
+        ],
+    }
+    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
 def register(app: typer.Typer) -> None:
-    """No commands yet."""
+    pin_app = typer.Typer(
+        name="pin", help="Record and inspect oracle pins (oracle_pins/<org>/<model>/).", no_args_is_help=True
+    )
+
+    @pin_app.command("record")
+    def record_cmd(
+        model: Annotated[str, typer.Option("--model", "-m", help="Model id, e.g. Qwen/Qwen3.6-35B-A3B.")],
+        prompts: Annotated[
+            Path | None,
+            typer.Option("--prompts", help="Prompt suite (JSON Lines) [default: the pin folder's suite.jsonl]."),
+        ] = None,
+        max_tokens: Annotated[
+            int | None,
+            typer.Option("--max-tokens", min=1, help="Tokens per prompt, for every prompt [default: the suite's]."),
+        ] = None,
+        top_k: Annotated[
+            int | None, typer.Option("--top-k", min=1, help="Top logprobs per position [default: oracle.json's, 20].")
+        ] = None,
+        engine_opt: Annotated[
+            list[str] | None,
+            typer.Option("--engine-opt", help="Oracle engine option key=value, e.g. tensor_parallel_size=2."),
+        ] = None,
+        model_path: Annotated[
+            Path | None, typer.Option("--model-path", help="Load the weights from this folder (the pin is for --model).")
+        ] = None,
+        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
+        force: Annotated[
+            bool, typer.Option("--force", help="Re-record an existing pin (keeps a backup, shows what moved).")
+        ] = False,
+    ) -> None:
+        """Run the vLLM oracle over the prompt suite and write the pin with its provenance."""
+        raise typer.Exit(
+            record_pin(
+                model=model,
+                prompts=prompts,
+                max_tokens=max_tokens,
+                top_k=top_k,
+                engine_opts=engine_opt,
+                model_path=model_path,
+                pins_dir=pins_dir,
+                force=force,
+            )
+        )
+
+    @pin_app.command("show")
+    def show_cmd(
+        model: Annotated[str | None, typer.Option("--model", "-m", help="Model id [default: the embedded default].")] = None,
+        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
+    ) -> None:
+        """Print a pin's provenance and its exact top-2 ties as JSON."""
+        raise typer.Exit(show_pin(model=model, pins_dir=pins_dir))
+
+    app.add_typer(pin_app)

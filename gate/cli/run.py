@@ -1,9 +1,276 @@
-"""Commands of this module are registered by `register(app)`."""
+"""`gate run`: gate a candidate engine (or a trace it wrote) against the pinned oracle;
+`gate export-prompts`: the pinned prompt token ids, for an engine that writes its own trace.
+
+The work happens in `gate.core.runner`; this module parses options, draws the progress
+bar on stderr and prints the report.
+"""
 
 from __future__ import annotations
 
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+
+    from gate.core.doctrine import Doctrine
+    from gate.core.pins import Pin
+    from gate.core.runner import RunOutcome, Timings
+
+
+class ProgressBar:
+    """The runner's progress callbacks drawn as one rich progress bar on stderr."""
+
+    def __init__(self, progress: RichProgress) -> None:
+        self._progress = progress
+        self._task: Any = None
+
+    def phase(self, name: str, total: int) -> None:
+        if self._task is not None:
+            self._progress.stop_task(self._task)
+        self._task = self._progress.add_task(name, total=total) if total else None
+
+    def advance(self, n: int = 1) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, n)
+
+
+def _progress_bar() -> RichProgress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gate.cli.common import stderr_console
+
+    return Progress(
+        TextColumn("{task.description:>9}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("prompts"),
+        TimeElapsedColumn(),
+        console=stderr_console(),
+    )
+
+
+def default_model() -> str:
+    from gate.models.default import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
+def run_gate(
+    *,
+    model: str | None,
+    engine: str | None,
+    engine_opts: list[str] | None,
+    model_path: Path | None,
+    near_tie_mnats: float | None,
+    near_tie_ulps: float | None,
+    strict: bool,
+    fmt: str,
+    output: Path | None,
+    save_trace: Path | None,
+    candidate_trace: Path | None,
+    pins_dir: Path | None,
+    force: bool,
+    timings: bool,
+) -> int:
+    from gate.cli.common import check_format, emit_report, parse_engine_opts
+    from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
+    from gate.core.pins import load_pin
+    from gate.core.runner import Timings, gate_trace_against_pin
+    from gate.core.trace import read_trace, write_trace
+    from gate.errors import InputError
+
+    fmt = check_format(fmt)
+    opts = parse_engine_opts(engine_opts)
+    doctrine = Doctrine(
+        near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
+        strict=strict,
+        near_tie_ulps=near_tie_ulps,
+    )
+    # Refuse to clobber before spending minutes on a model.
+    for path, flag in ((save_trace, "--save-trace"), (output, "--output")):
+        if path is not None and path.exists() and not force:
+            raise InputError(f"{flag} {path}: already exists; pass --force to replace it")
+
+    if candidate_trace is not None:
+        given = [
+            flag
+            for flag, v in (
+                ("--engine", engine),
+                ("--engine-opt", opts),
+                ("--model-path", model_path),
+                ("--save-trace", save_trace),
+            )
+            if v
+        ]
+        if given:
+            raise InputError(f"--candidate-trace adjudicates a trace as it is: {', '.join(given)} cannot go with it")
+        cand = read_trace(candidate_trace, role="candidate")
+        pin = load_pin(model or cand.header.model, pins_dir)
+        outcome = gate_trace_against_pin(pin, cand, doctrine)
+    else:
+        pin = load_pin(model or default_model(), pins_dir)
+        outcome = _run_engine(pin, engine or "hf", opts, model_path, doctrine, Timings())
+        if save_trace is not None:
+            write_trace(save_trace, outcome.candidate, overwrite=force)
+            print(f"candidate trace written to {save_trace}", file=sys.stderr)
+    emit_report(outcome.result, fmt, output, force=force)
+    if timings:
+        print(outcome.timings.line(), file=sys.stderr)
+    return outcome.result.exit_code
+
+
+def _run_engine(
+    pin: Pin, engine_name: str, opts: dict[str, str], model_path: Path | None, doctrine: Doctrine, timings: Timings
+) -> RunOutcome:
+    from gate.core.runner import gate_against_pin
+    from gate.engines.registry import load_engine
+
+    start = time.perf_counter()
+    engine = load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
+    timings.load_s = time.perf_counter() - start
+    try:
+        with _progress_bar() as bar:
+            return gate_against_pin(engine, pin, doctrine, progress=ProgressBar(bar), timings=timings)
+    finally:
+        engine.close()
+
+
+def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | None, force: bool) -> int:
+    import orjson
+
+    from gate.core.atomic import atomic_write
+    from gate.core.pins import load_pin
+    from gate.core.runner import prompt_inputs
+
+    pin = load_pin(model or default_model(), pins_dir)
+    lines = b"".join(
+        orjson.dumps(
+            {"id": p.id, "prompt_token_ids": list(p.prompt_token_ids), "max_tokens": p.max_tokens, "prompt": p.prompt},
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+        for p in prompt_inputs(pin)
+    )
+    header = orjson.dumps(
+        {
+            "gate_trace": 1,
+            "role": "candidate",
+            "model": pin.model,
+            "top_k": 0,
+            "engine": {"name": "NAME", "version": "V"},
+        }
+    ).decode()
+    if output is None:
+        sys.stdout.buffer.write(lines)
+        sys.stdout.flush()
+    else:
+        atomic_write(output, lines, overwrite=force)
+        print(f"{len(pin.trace.records)} prompts of {pin.folder.pin_path} written to {output}", file=sys.stderr)
+    print(
+        "run each prompt greedily from its prompt_token_ids for max_tokens tokens and write a candidate trace: "
+        f"a header line such as {header}, then one record per prompt with id, prompt_token_ids and token_ids "
+        "(top_logprobs optional); gate it with: gate run --candidate-trace TRACE",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def register(app: typer.Typer) -> None:
-    """No commands yet."""
+    @app.command("run")
+    def run_cmd(
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model",
+                "-m",
+                help="Model id whose pin to gate against [default: the embedded SmolLM2-135M-Instruct].",
+            ),
+        ] = None,
+        engine: Annotated[
+            str | None,
+            typer.Option(
+                "--engine", "-e", help="Candidate engine: hf, vllm, openai, a plugin, or module:Class [default: hf]."
+            ),
+        ] = None,
+        engine_opt: Annotated[
+            list[str] | None,
+            typer.Option("--engine-opt", help="Engine option key=value (repeatable), e.g. dtype=bfloat16."),
+        ] = None,
+        model_path: Annotated[
+            Path | None,
+            typer.Option(
+                "--model-path",
+                help="Load the candidate's weights from this folder (the pin is still found by --model).",
+            ),
+        ] = None,
+        near_tie_mnats: Annotated[
+            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats [default: 125].")
+        ] = None,
+        near_tie_ulps: Annotated[
+            float | None,
+            typer.Option(
+                "--near-tie-ulps", help="Also ratify gaps within N steps of the dtype grid (needs raw logits)."
+            ),
+        ] = None,
+        strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.")] = False,
+        fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown, junit or html.")] = "rich",
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to this file.")] = None,
+        save_trace: Annotated[
+            Path | None, typer.Option("--save-trace", help="Save the candidate's trace (format v1) here.")
+        ] = None,
+        candidate_trace: Annotated[
+            Path | None,
+            typer.Option(
+                "--candidate-trace",
+                help="Adjudicate this candidate trace (written by any engine) instead of running one.",
+            ),
+        ] = None,
+        pins_dir: Annotated[
+            Path | None,
+            typer.Option("--pins-dir", help="Folder of pins [default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
+        ] = None,
+        force: Annotated[
+            bool, typer.Option("--force", help="Replace --output and --save-trace if they exist.")
+        ] = False,
+        timings: Annotated[
+            bool, typer.Option("--timings", help="Print the wall time of each stage on stderr.")
+        ] = False,
+    ) -> None:
+        """Gate a candidate engine against the pinned vLLM oracle (exit 0 pass, 1 fail, 2 input, 3 engine)."""
+        code = run_gate(
+            model=model,
+            engine=engine,
+            engine_opts=engine_opt,
+            model_path=model_path,
+            near_tie_mnats=near_tie_mnats,
+            near_tie_ulps=near_tie_ulps,
+            strict=strict,
+            fmt=fmt,
+            output=output,
+            save_trace=save_trace,
+            candidate_trace=candidate_trace,
+            pins_dir=pins_dir,
+            force=force,
+            timings=timings,
+        )
+        raise typer.Exit(code)
+
+    @app.command("export-prompts")
+    def export_prompts_cmd(
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model", "-m", help="Model id whose pinned prompts to export [default: the embedded default]."
+            ),
+        ] = None,
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
+        force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
+    ) -> None:
+        """Write the pinned prompts (id, prompt_token_ids, max_tokens) as JSON Lines, for an engine that
+        writes its own trace; gate that trace with `gate run --candidate-trace`."""
+        raise typer.Exit(export_prompts(model=model, output=output, pins_dir=pins_dir, force=force))

@@ -1,9 +1,97 @@
-"""Commands of this module are registered by `register(app)`."""
+"""`gate merge`: combine the traces of `gate run --shard K/N` into one, for one adjudication."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
+def merge_files(
+    *,
+    shards: list[Path],
+    output: Path,
+    pin_model: str | None,
+    expect_ids_from: Path | None,
+    pins_dir: Path | None,
+    force: bool,
+) -> int:
+    from gate.core.atomic import atomic_write
+    from gate.core.shards import merge_traces
+    from gate.core.trace import encode_trace, read_trace
+    from gate.errors import InputError, PinError
+
+    if pin_model is not None and expect_ids_from is not None:
+        raise InputError("--pin-model and --expect-ids-from both name the expected prompts: give one")
+    # Refuse to clobber before reading what may be gigabytes of shards.
+    if output.exists() and not force:
+        raise InputError(f"--output {output}: already exists; pass --force to replace it (a backup is kept)")
+    traces = [read_trace(p) for p in shards]
+
+    expected: tuple[str, ...] | None = None
+    source = "the suite"
+    model = traces[0].header.model
+    if expect_ids_from is not None:
+        oracle = read_trace(expect_ids_from, role="oracle")
+        expected, source = tuple(r.id for r in oracle.records), f"the oracle trace {expect_ids_from}"
+        if oracle.header.model != model:
+            raise InputError(
+                f"{expect_ids_from} is an oracle for {oracle.header.model!r}, the shards are for {model!r}"
+            )
+    elif pin_model is not None:
+        from gate.core.pins import find_folder, load_suite, read_settings
+
+        folder = find_folder(pin_model, pins_dir)
+        suite = load_suite(folder, read_settings(folder.settings_path))
+        expected, source = suite.ids, f"the pin's suite {folder.suite_path}"
+        if model != pin_model:
+            raise PinError(f"the shards are for model {model!r}, not {pin_model!r}")
+        ran = traces[0].header.extra.get("pin_suite_sha256")
+        if ran is not None and ran != suite.sha256:
+            raise PinError(
+                f"the shards ran the suite with hash {ran}, but {folder.suite_path} now hashes to {suite.sha256}: "
+                "the suite changed since; rerun the shards"
+            )
+
+    merged = merge_traces(traces, expected, expected_from=source)
+    kept = atomic_write(output, encode_trace(merged.header, merged.records), overwrite=force, backup=force)
+    print(f"merged {len(traces)} shard trace(s), {len(merged.records)} prompts, into {output}", file=sys.stderr)
+    if kept is not None:
+        print(f"the file it replaced is kept as {kept}", file=sys.stderr)
+    return 0
+
+
 def register(app: typer.Typer) -> None:
-    """No commands yet."""
+    @app.command("merge")
+    def merge_cmd(
+        shards: Annotated[
+            list[Path], typer.Argument(help="Shard traces written by `gate run --shard K/N` (all N of them).")
+        ],
+        output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the merged trace.")],
+        pin_model: Annotated[
+            str | None,
+            typer.Option("--pin-model", help="Check the shards cover exactly this model's pinned suite, in its order."),
+        ] = None,
+        expect_ids_from: Annotated[
+            Path | None,
+            typer.Option("--expect-ids-from", help="Check the shards cover exactly this oracle trace's prompts."),
+        ] = None,
+        pins_dir: Annotated[
+            Path | None, typer.Option("--pins-dir", help="Where pins live [default: ./oracle_pins, $GATE_PINS_DIR].")
+        ] = None,
+        force: Annotated[
+            bool, typer.Option("--force", help="Replace --output if it exists, keeping a backup of it.")
+        ] = False,
+    ) -> None:
+        """Merge shard traces into one trace: no overlaps, no gaps, one provenance."""
+        code = merge_files(
+            shards=shards,
+            output=output,
+            pin_model=pin_model,
+            expect_ids_from=expect_ids_from,
+            pins_dir=pins_dir,
+            force=force,
+        )
+        raise typer.Exit(code)

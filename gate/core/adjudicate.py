@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gate.core.doctrine import Doctrine
+from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.trace import PromptRecord, TopList, Trace
 from gate.errors import InputError
 
@@ -29,6 +29,21 @@ RATIFIED_PASS = "ratified_pass"
 FAIL = "fail"
 
 ALTERNATIVES_SHOWN = 5
+
+# Per-position outcome codes, one character each in `PromptResult.outcomes`.
+OUTCOME_MATCH = "m"  # the candidate took the oracle's token (free run, or forced where given)
+OUTCOME_EXACT_TIE = "e"
+OUTCOME_NEAR_TIE = "n"
+OUTCOME_DEFECT = "d"
+OUTCOME_UNADJUDICATED = "u"  # downstream of a free-run divergence, without forced data
+OUTCOME_OF_CLASS = {EXACT_TIE: OUTCOME_EXACT_TIE, NEAR_TIE: OUTCOME_NEAR_TIE, DEFECT: OUTCOME_DEFECT}
+OUTCOME_NAMES = {
+    OUTCOME_MATCH: "match",
+    OUTCOME_EXACT_TIE: "exact tie",
+    OUTCOME_NEAR_TIE: "near tie",
+    OUTCOME_DEFECT: "defect",
+    OUTCOME_UNADJUDICATED: "unadjudicated",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +87,8 @@ class Divergence:
         }
         if self.gap_ulps is not None:
             out["gap_ulps"] = self.gap_ulps
+        if self.ulp_mnats is not None:
+            out["ulp_mnats"] = self.ulp_mnats
         if self.forced_mode is not None:
             out["forced_mode"] = self.forced_mode
         if self.oracle_text is not None:
@@ -92,6 +109,9 @@ class PromptResult:
     unadjudicated: int = 0
     extra_candidate_tokens: int = 0
     prompt: str | None = None
+    # One OUTCOME_* character per oracle position (what a report colours): match, exact
+    # tie, near tie, defect or unadjudicated. Empty when built without it.
+    outcomes: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +123,7 @@ class PromptResult:
             "first_divergence": self.first_divergence,
             "unadjudicated_positions": self.unadjudicated,
             "extra_candidate_tokens": self.extra_candidate_tokens,
+            "outcomes": self.outcomes,
         }
 
 
@@ -188,19 +209,41 @@ def summary_line(result: GateResult) -> str:
 # --------------------------------------------------------------------------- grid
 
 
+# dtype -> (stored mantissa bits, exponent of the smallest normal number).
+_GRIDS: dict[str, tuple[int, int]] = {
+    "bfloat16": (7, -126), "bf16": (7, -126),
+    "float16": (10, -14), "fp16": (10, -14), "half": (10, -14),
+    "float32": (23, -126), "fp32": (23, -126), "float": (23, -126),
+}
+
+
 def grid_step(value: float, dtype: str = "bfloat16") -> float:
     """One step (ULP) of `dtype`'s grid at |value|, in nats.
 
-    bf16 keeps 8 significant bits: at |logit| in [16, 32) a step is 2**-3 = 0.125 nats.
+    bf16 keeps 8 significant bits: at |logit| in [16, 32) a step is 2**-3 = 0.125 nats, and
+    a power of two belongs to the binade above it (16.0 has the step of [16, 32)). Below the
+    smallest normal number the step stays that of the subnormals.
     """
-    bits = {"bfloat16": 7, "bf16": 7, "float16": 10, "fp16": 10, "half": 10, "float32": 23, "fp32": 23}.get(dtype)
-    if bits is None:
-        raise InputError(f"unknown dtype {dtype!r} for ULP doctrine (bfloat16, float16, float32)")
+    grid = _GRIDS.get(dtype.removeprefix("torch."))
+    if grid is None:
+        raise InputError(f"unknown dtype {dtype!r} for the ULP doctrine (bfloat16, float16, float32)")
+    bits, emin = grid
     mag = abs(value)
     if mag == 0.0 or not math.isfinite(mag):
-        return 2.0 ** (-126 - bits)
+        return 2.0 ** (emin - bits)
     _, exp = math.frexp(mag)  # mag = m * 2**exp with m in [0.5, 1)
-    return 2.0 ** (exp - 1 - bits)
+    return 2.0 ** (max(exp - 1, emin) - bits)
+
+
+def logprob_slack(*logprobs: float) -> float:
+    """How far float32 rounding can move a difference of these logprobs, in nats.
+
+    Engines compute logprobs in float32 as `logit - logsumexp`: the logsumexp is shared and
+    cancels in a gap, but each logprob is rounded once, by up to half a float32 step at its
+    size. A gap of exactly N grid steps between two logits can therefore read as N steps
+    plus or minus one float32 step; the ULP doctrine allows that much and no more.
+    """
+    return grid_step(max(abs(lp) for lp in logprobs), "float32")
 
 
 # --------------------------------------------------------------------------- classification
@@ -221,7 +264,7 @@ def classify(
     lps = {int(t): float(lp) for t, lp in top}
     o_lp = lps[oracle_token]
     top2 = 1000.0 * (float(top[0][1]) - float(top[1][1])) if len(top) >= 2 else None
-    step = grid_step(top_logit, doctrine.dtype) if top_logit is not None else None
+    step = grid_step(top_logit, doctrine.dtype or DEFAULT_DTYPE) if top_logit is not None else None
     base: dict[str, Any] = {
         "prompt_id": prompt_id,
         "position": position,
@@ -246,15 +289,16 @@ def classify(
     gap = 1000.0 * (o_lp - c_lp)
     # Rank in the order torch.argmax would choose: logprob descending, then lowest id.
     rank = 1 + sum(1 for t, lp in lps.items() if lp > c_lp or (lp == c_lp and t < candidate_token))
-    gap_ulps = (gap / 1000.0) / step if step is not None else None
+    # In nats straight from the logprobs: a round trip through mnats could add a rounding.
+    gap_ulps = (o_lp - c_lp) / step if step is not None else None
     if c_lp == o_lp:
         cls = EXACT_TIE
         tie_break: str | None = "lower_id" if candidate_token < oracle_token else "higher_id"
     else:
         tie_break = None
         near = 0.0 < gap <= doctrine.near_tie_mnats
-        if not near and doctrine.near_tie_ulps is not None and gap_ulps is not None:
-            near = 0.0 < gap_ulps <= doctrine.near_tie_ulps
+        if not near and doctrine.near_tie_ulps is not None and step is not None:
+            near = 0.0 < o_lp - c_lp <= doctrine.near_tie_ulps * step + logprob_slack(o_lp, c_lp)
         cls = NEAR_TIE if near else DEFECT
     return Divergence(
         **base,
@@ -276,6 +320,9 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
     doctrine = doctrine or Doctrine()
     if oracle.role != "oracle":
         raise InputError(f"{oracle.path}: expected an oracle trace, found role {oracle.role!r}")
+    if doctrine.near_tie_ulps is not None:
+        doctrine = replace(doctrine, dtype=doctrine.dtype or oracle_dtype(oracle))
+        grid_step(1.0, doctrine.dtype or DEFAULT_DTYPE)  # an unknown dtype is an input error here
     if candidate.role != "candidate":
         raise InputError(f"{candidate.path}: expected a candidate trace, found role {candidate.role!r}")
     cand = candidate.by_id()
@@ -302,6 +349,15 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         oracle_engine=str(oracle.header.engine.get("name", "")),
         candidate_engine=str(candidate.header.engine.get("name", "")),
     )
+
+
+def oracle_dtype(trace: Trace) -> str:
+    """The model dtype a trace's header names (`dtype`, else `engine.dtype`), else bfloat16."""
+    for source in (trace.header.extra, trace.header.engine):
+        value = source.get("dtype")
+        if isinstance(value, str) and value:
+            return value.removeprefix("torch.")
+    return DEFAULT_DTYPE
 
 
 def _few(ids: Sequence[str]) -> str:
@@ -337,8 +393,11 @@ def compare_prompt(
     assert top is not None  # the reader guarantees it for oracle records
     n = len(o.token_ids)
     ot, ct = o.token_ids, c.token_ids
-    matched = sum(1 for i in range(min(n, len(ct))) if ct[i] == ot[i])
-    first = next((i for i in range(n) if i >= len(ct) or ct[i] != ot[i]), None)
+    if ct[:n] == ot:  # the common case, compared in C
+        matched, first = n, None
+    else:
+        matched = sum(1 for i in range(min(n, len(ct))) if ct[i] == ot[i])
+        first = next((i for i in range(n) if i >= len(ct) or ct[i] != ot[i]), None)
     logits = o.extra.get("token_logits")
     top_logits: Sequence[Any] | None = logits if isinstance(logits, list) and len(logits) == n else None
 
@@ -354,11 +413,27 @@ def compare_prompt(
             doctrine=doctrine,
             top_logit=float(tl) if isinstance(tl, (int, float)) else None,
         )
-        alts = tuple((int(t), float(lp), None) for t, lp in top[i][:ALTERNATIVES_SHOWN])
-        cand_text = None
-        if cand_token is not None:
-            cand_text = _text(c, i) if source == FREE_RUN else None
-        return _with_texts(d, _text(o, i), cand_text, alts, mode)
+        vocab = texts()
+        alts = tuple((int(t), float(lp), vocab.get(int(t))) for t, lp in top[i][:ALTERNATIVES_SHOWN])
+        if cand_token is None:
+            cand_text = None
+        elif source == FREE_RUN:
+            cand_text = _text(c, i)
+        else:  # forced: the candidate's own text at i is of its free run; look the id up
+            cand_text = vocab.get(cand_token)
+        return replace(d, oracle_text=_text(o, i), candidate_text=cand_text, alternatives=alts, forced_mode=mode)
+
+    vocab_cache: list[dict[int, str]] = []
+
+    def texts() -> dict[int, str]:
+        # Decoded text of every id either side wrote in this prompt: labels for alternatives.
+        if not vocab_cache:
+            vocab: dict[int, str] = {}
+            for rec in (c, o):
+                if rec.tokens is not None:
+                    vocab.update(zip(rec.token_ids, rec.tokens, strict=False))
+            vocab_cache.append(vocab)
+        return vocab_cache[0]
 
     divs: dict[int, Divergence] = {}
     if first is not None:
@@ -371,12 +446,24 @@ def compare_prompt(
                 f"{candidate_path}: prompt {o.id!r}: forced_token_ids has {len(forced)} entries, "
                 f"the oracle's token_ids {n}"
             )
-        for i in range(n):
-            if forced[i] != ot[i] and i not in divs:
-                divs[i] = make(i, FORCED, forced[i], forced_mode if isinstance(forced_mode, str) else None)
+        if forced != ot:
+            mode = forced_mode if isinstance(forced_mode, str) else None
+            for i in range(n):
+                if forced[i] != ot[i] and i not in divs:
+                    divs[i] = make(i, FORCED, forced[i], mode)
         unadjudicated = 0
+        outcomes = OUTCOME_MATCH * n
+    elif first is not None:
+        unadjudicated = n - first - 1
+        outcomes = OUTCOME_MATCH * first + OUTCOME_UNADJUDICATED * (n - first)  # `first` is set below
     else:
-        unadjudicated = n - first - 1 if first is not None else 0
+        unadjudicated = 0
+        outcomes = OUTCOME_MATCH * n
+    if divs:
+        chars = list(outcomes)
+        for i, d in divs.items():
+            chars[i] = OUTCOME_OF_CLASS[d.cls]
+        outcomes = "".join(chars)
 
     ordered = [divs[i] for i in sorted(divs)]
     strict = first is None
@@ -392,18 +479,8 @@ def compare_prompt(
             unadjudicated=unadjudicated,
             extra_candidate_tokens=max(0, len(ct) - n),
             prompt=o.prompt if o.prompt is not None else c.prompt,
+            outcomes=outcomes,
         ),
         ordered,
     )
 
-
-def _with_texts(
-    d: Divergence,
-    oracle_text: str | None,
-    candidate_text: str | None,
-    alts: tuple[tuple[int, float, str | None], ...],
-    mode: str | None,
-) -> Divergence:
-    from dataclasses import replace
-
-    return replace(d, oracle_text=oracle_text, candidate_text=candidate_text, alternatives=alts, forced_mode=mode)

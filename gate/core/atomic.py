@@ -9,9 +9,11 @@ leaves either the old file or the new one, never a mix.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import secrets
 import shutil
-import tempfile
+import stat
 import time
 from pathlib import Path
 
@@ -28,7 +30,10 @@ def atomic_write(
     """Write `data` to `path` atomically.
 
     Refuses to replace an existing file unless `overwrite`; with `backup`, the file it
-    replaces is kept beside it as `NAME.bak-YYYYmmdd-HHMMSS` and that path is returned.
+    replaces is kept beside it as `NAME.bak-YYYYmmdd-HHMMSS` (`-N` added when that name
+    is taken: an earlier backup is never overwritten) and that path is returned. Without
+    `overwrite`, a file that appears at `path` while this writes is not replaced either.
+    Temporary files (`.NAME.*.tmp`) that killed writers left behind are removed first.
     """
     target = Path(path)
     if target.is_dir():
@@ -36,23 +41,124 @@ def atomic_write(
     if target.exists() and not overwrite:
         raise InputError(f"{target}: already exists; pass --force to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(target)
+    fd, tmp = _create_temp(target)
     kept: Path | None = None
-    if backup and target.exists():
-        kept = target.with_name(f"{target.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.copy2(target, kept)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
+            if backup and target.exists():
+                kept = _keep_backup(target)
+            if overwrite:
+                os.replace(tmp, target)
+            else:
+                _publish_new(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if kept is not None and target.exists() and os.path.samefile(kept, target):
+            # Not replaced after all: drop the link, or an in-place edit of the target
+            # (an append) would change the "backup" too.
+            with contextlib.suppress(OSError):
+                os.unlink(kept)
         raise
     _fsync_dir(target.parent)
     return kept
+
+
+def clean_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
+    """Remove `.NAME.*.tmp` files a killed writer of `target` left behind; return them.
+
+    A live writer holds an exclusive lock on its temporary file until the rename, and the
+    kernel drops the lock when a process dies (SIGKILL included), so a temporary file
+    nobody holds locked is a leftover. (A file created an instant before its writer locks
+    it could be taken for one: that writer then fails cleanly at the rename; the target
+    is never touched.)
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: leftovers stay, and are harmless
+        return []
+    target = Path(target)
+    removed: list[Path] = []
+    for tmp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live writer holds it
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+                removed.append(tmp)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _create_temp(target: Path) -> tuple[int, str]:
+    """A new temporary file beside `target`, locked for as long as this process lives.
+
+    Unlike mkstemp's 0600, the file gets the target's permissions (or the umask's, for a
+    new file), so replacing a readable pin never makes it unreadable to others.
+    """
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666
+    for _ in range(100):
+        tmp = str(target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp"))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
+        except FileExistsError:
+            continue
+        with contextlib.suppress(ImportError, OSError):
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        if target.exists():
+            with contextlib.suppress(OSError):
+                os.chmod(fd, mode)  # os.open's mode passed through the umask
+        return fd, tmp
+    raise FileExistsError(f"{target}: cannot create a temporary file beside it")
+
+
+def _keep_backup(target: Path) -> Path:
+    """Keep the file about to be replaced as `NAME.bak-YYYYmmdd-HHMMSS[-N]`; never clobber one.
+
+    A hard link keeps it whole at no cost and in one step (a SIGKILL never leaves half a
+    backup); where links are not supported, a copy to a temporary name, then a rename.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        kept = target.with_name(f"{target.name}.bak-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            os.link(target, kept)
+            return kept
+        except FileExistsError:
+            continue
+        except OSError:
+            if kept.exists():
+                continue
+            tmp = target.with_name(f".{kept.name}.{secrets.token_hex(6)}.tmp")
+            shutil.copy2(target, tmp)
+            os.replace(tmp, kept)
+            return kept
+    raise InputError(f"{target}: too many backups named {target.name}.bak-{stamp}-N")
+
+
+def _publish_new(tmp: str, target: Path) -> None:
+    """Rename `tmp` to `target` only if `target` still does not exist (no clobbering race)."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise InputError(f"{target}: already exists; pass --force to replace it") from None
+    except OSError:  # no hard links here: the check at the top is what we have
+        os.replace(tmp, target)
+        return
+    os.unlink(tmp)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -8,13 +8,15 @@ re-checked position by position, which is also what produces the precise error m
 
 from __future__ import annotations
 
+import gc
+import io
 import math
 import os
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import orjson
@@ -44,6 +46,14 @@ _RECORD_KEYS = (
 # A line longer than this is refused before parsing: no honest trace line comes near it
 # (1,000 positions x top-20 is about 600 kB), and a corrupt file must not exhaust memory.
 MAX_LINE_BYTES = 256 * 1024 * 1024
+# The reader streams the file in chunks of this size (one read call each).
+_READ_CHUNK = 4 * 1024 * 1024
+# Exact type sets for the fast checks (bool is not int here).
+_LIST = frozenset({list})
+_STR = frozenset({str})
+_INT = frozenset({int})
+_NUM = frozenset({int, float})
+_MAX_FLOAT_INT = int(1.7976931348623157e308)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +76,66 @@ class TraceHeader:
         return out
 
 
+class TopLogprobs(Sequence[list[list[Any]]]):
+    """One record's top-k lists as two read-only (positions, k) arrays.
+
+    Reads like the parsed JSON: `top[i]` is a fresh list of `[token_id, logprob]` pairs,
+    logprobs the very float64 values the file held. The reader keeps valid lists in this
+    form: an eighth of the memory of the parsed lists, and the arrays (`ids`, `logprobs`)
+    are there for code that wants numpy.
+    """
+
+    __slots__ = ("ids", "logprobs")
+    __hash__ = None  # type: ignore[assignment]  # like the lists it stands for
+
+    def __init__(self, ids: np.ndarray, logprobs: np.ndarray) -> None:
+        if ids.shape != logprobs.shape or ids.ndim != 2:
+            raise ValueError(f"ids {ids.shape} and logprobs {logprobs.shape} must be one (positions, k) shape")
+        ids = ids.astype(np.int64, copy=False)
+        logprobs = logprobs.astype(np.float64, copy=False)
+        ids.flags.writeable = False
+        logprobs.flags.writeable = False
+        self.ids = ids
+        self.logprobs = logprobs
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    @overload
+    def __getitem__(self, i: int) -> list[list[Any]]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[list[list[Any]]]: ...
+    def __getitem__(self, i: int | slice) -> list[list[Any]] | list[list[list[Any]]]:
+        if isinstance(i, slice):
+            return _pairs_2d(self.ids[i], self.logprobs[i])
+        return list(map(list, zip(self.ids[i].tolist(), self.logprobs[i].tolist(), strict=True)))
+
+    def __iter__(self) -> Iterator[list[list[Any]]]:
+        return iter(self.tolist())
+
+    def tolist(self) -> list[list[list[Any]]]:
+        """The lists as the JSON holds them."""
+        return _pairs_2d(self.ids, self.logprobs)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TopLogprobs):
+            return bool(np.array_equal(self.ids, other.ids) and np.array_equal(self.logprobs, other.logprobs))
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return self.tolist() == [[list(pair) for pair in pos] for pos in other]
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        n, k = self.ids.shape
+        return f"TopLogprobs({n} positions x top-{k})"
+
+
+def _pairs_2d(ids: np.ndarray, logprobs: np.ndarray) -> list[list[list[Any]]]:
+    return [
+        list(map(list, zip(row_ids, row_lps, strict=True)))
+        for row_ids, row_lps in zip(ids.tolist(), logprobs.tolist(), strict=True)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class PromptRecord:
     id: str
@@ -85,7 +155,9 @@ class PromptRecord:
             "prompt_token_ids": list(self.prompt_token_ids),
             "token_ids": list(self.token_ids),
         }
-        if self.top_logprobs is not None:
+        if isinstance(self.top_logprobs, TopLogprobs):
+            out["top_logprobs"] = self.top_logprobs.tolist()
+        elif self.top_logprobs is not None:
             out["top_logprobs"] = [[[int(t), float(lp)] for t, lp in pos] for pos in self.top_logprobs]
         if self.finish_reason is not None:
             out["finish_reason"] = self.finish_reason
@@ -118,12 +190,22 @@ class Trace:
 
 def read_trace(path: str | os.PathLike[str], role: str | None = None) -> Trace:
     """Read and validate a trace file. `role`, when given, is the role the caller expects."""
-    name = os.fspath(path)
-    data = _read_bytes(name)
+    # Parsing makes millions of small acyclic containers; the cyclic collector would walk
+    # them again and again (4x the parse time on a 70 MB trace) and can free none of them.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _read_trace(os.fspath(path), role)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read_trace(name: str, role: str | None) -> Trace:
     header: TraceHeader | None = None
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
-    for lineno, raw in _lines(name, data):
+    for lineno, raw in _lines(name):
         if header is None:
             header = _parse_header(name, lineno, _loads(name, lineno, raw))
             if role is not None and header.role != role:
@@ -139,10 +221,9 @@ def read_trace(path: str | os.PathLike[str], role: str | None = None) -> Trace:
     return Trace(header=header, records=tuple(records), path=name)
 
 
-def _read_bytes(name: str) -> bytes:
+def _open(name: str) -> io.FileIO:
     try:
-        with open(name, "rb") as fh:
-            return fh.read()
+        return open(name, "rb", buffering=0)
     except IsADirectoryError:
         raise TraceError(name, None, None, "is a directory, not a trace file") from None
     except FileNotFoundError:
@@ -153,21 +234,70 @@ def _read_bytes(name: str) -> bytes:
         raise TraceError(name, None, None, f"cannot read: {exc.strerror or exc}") from None
 
 
-def _lines(name: str, data: bytes) -> Iterator[tuple[int, bytes]]:
-    start = 0
-    lineno = 0
-    size = len(data)
-    while start < size:
-        lineno += 1
-        end = data.find(b"\n", start)
-        if end < 0:
-            end = size
-        if end - start > MAX_LINE_BYTES:
-            raise TraceError(name, lineno, None, f"line is {end - start} bytes, over the {MAX_LINE_BYTES}-byte limit")
-        line = data[start:end]
-        start = end + 1
-        if line.strip():
-            yield lineno, line
+def _read_chunk(name: str, fh: io.FileIO) -> bytes:
+    try:
+        return fh.read(_READ_CHUNK) or b""
+    except OSError as exc:
+        raise TraceError(name, None, None, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _too_long(name: str, lineno: int) -> TraceError:
+    return TraceError(name, lineno, None, f"line is longer than the {MAX_LINE_BYTES}-byte limit; refused unread")
+
+
+def _lines(name: str) -> Iterator[tuple[int, bytes]]:
+    """Yield (line number, line) for each non-blank line, streaming the file in chunks.
+
+    Memory stays within MAX_LINE_BYTES plus one chunk whatever the file holds: a line
+    that passes the limit (a corrupt file, a sparse file, /dev/zero) is refused there,
+    before the rest of it is read.
+    """
+    with _open(name) as fh:
+        lineno = 0
+        head: list[bytes] = []  # the start of a line that runs past the chunk it began in
+        head_len = 0
+        while chunk := _read_chunk(name, fh):
+            start = 0
+            end = chunk.find(b"\n")
+            while end >= 0:
+                lineno += 1
+                line = chunk[start:end]
+                if head:
+                    if head_len + len(line) > MAX_LINE_BYTES:
+                        raise _too_long(name, lineno)
+                    head.append(line)
+                    line = b"".join(head)
+                    head, head_len = [], 0
+                if line.strip():
+                    yield lineno, line
+                start = end + 1
+                end = chunk.find(b"\n", start)
+            if start < len(chunk):
+                head_len += len(chunk) - start
+                if head_len > MAX_LINE_BYTES:
+                    raise _too_long(name, lineno + 1)
+                head.append(chunk[start:])
+        if head:
+            line = b"".join(head)
+            if line.strip():
+                _check_not_cut(name, lineno + 1, line)
+                yield lineno + 1, line
+
+
+def _check_not_cut(name: str, lineno: int, line: bytes) -> None:
+    # Writers end every line with a newline; a last line without one that stops mid-JSON
+    # is a truncated file (a killed writer, a partial copy), not merely bad JSON.
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        cut = "end of data" in exc.msg
+        if not cut and "utf-8" in exc.msg.lower():
+            try:  # cut inside a multi-byte character?
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                cut = err.reason == "unexpected end of data"
+        if cut:
+            raise TraceError(name, lineno, None, f"the file ends mid-line (truncated?): {exc.msg}") from None
 
 
 def _loads(name: str, lineno: int, raw: bytes) -> Any:
@@ -175,8 +305,17 @@ def _loads(name: str, lineno: int, raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         msg = str(exc)
+        if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise TraceError(name, lineno, None, "not UTF-8: the file looks like UTF-16; save it as UTF-8") from None
+        if raw.startswith(b"\xef\xbb\xbf"):
+            why = "starts with a byte order mark (BOM); save it as UTF-8 without one"
+            raise TraceError(name, lineno, None, why) from None
         if "utf-8" in msg.lower() or "utf8" in msg.lower():
-            raise TraceError(name, lineno, None, "not valid UTF-8") from None
+            raise TraceError(name, lineno, None, f"not valid UTF-8 ({exc.msg}, at character {exc.pos})") from None
+        near = raw[max(exc.pos - 1, 0) : exc.pos + 9].decode("utf-8", "replace")
+        if "NaN" in near or "Infinity" in near:  # what Python's json.dumps writes for them
+            why = f"bad JSON: NaN and Infinity are not JSON numbers, and logprobs must be finite ({msg})"
+            raise TraceError(name, lineno, None, why) from None
         raise TraceError(name, lineno, None, f"bad JSON: {msg}") from None
 
 
@@ -197,7 +336,8 @@ def _parse_header(name: str, lineno: int, obj: Any) -> TraceHeader:
     if not _is_int(ver):
         raise TraceError(name, lineno, "gate_trace", f"must be the integer {TRACE_VERSION}, found {ver!r}")
     if ver != TRACE_VERSION:
-        raise TraceError(name, lineno, "gate_trace", f"unsupported trace version {ver} (this gate reads version {TRACE_VERSION})")
+        why = f"unsupported trace version {ver} (this gate reads version {TRACE_VERSION})"
+        raise TraceError(name, lineno, "gate_trace", why)
     role = obj.get("role")
     if role not in ROLES:
         raise TraceError(name, lineno, "role", f"must be 'oracle' or 'candidate', found {role!r}")
@@ -205,7 +345,7 @@ def _parse_header(name: str, lineno: int, obj: Any) -> TraceHeader:
     if not isinstance(model, str) or not model:
         raise TraceError(name, lineno, "model", "missing or not a non-empty string")
     top_k = obj.get("top_k")
-    if not _is_int(top_k) or top_k < (1 if role == "oracle" else 0):
+    if type(top_k) is not int or top_k < (1 if role == "oracle" else 0):
         need = "an integer >= 1" if role == "oracle" else "an integer >= 0"
         raise TraceError(name, lineno, "top_k", f"must be {need}, found {top_k!r}")
     engine = obj.get("engine")
@@ -221,6 +361,8 @@ def _parse_header(name: str, lineno: int, obj: Any) -> TraceHeader:
 def _int_list(name: str, lineno: int, fld: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise TraceError(name, lineno, fld, f"must be a list of token ids, found {type(value).__name__}")
+    if not value or (set(map(type, value)) <= _INT and min(value) >= 0):
+        return tuple(value)
     for i, t in enumerate(value):
         if not _is_int(t):
             raise TraceError(name, lineno, f"{fld}[{i}]", f"token id must be an integer, found {t!r}")
@@ -247,9 +389,10 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
     top = obj.get("top_logprobs")
     if top is None:
         if oracle:
-            raise TraceError(name, lineno, "top_logprobs", f"missing: an oracle record needs top-k logprobs (prompt {rid!r})")
+            why = f"missing: an oracle record needs top-k logprobs (prompt {rid!r})"
+            raise TraceError(name, lineno, "top_logprobs", why)
     else:
-        check_top_logprobs(name, lineno, top, token_ids, oracle=oracle)
+        top = checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle)
 
     finish = obj.get("finish_reason")
     if finish not in FINISH_REASONS:
@@ -259,7 +402,7 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
         raise TraceError(name, lineno, "prompt", "must be a string")
     tokens = obj.get("tokens")
     if tokens is not None:
-        if not isinstance(tokens, list) or not all(isinstance(s, str) for s in tokens):
+        if not isinstance(tokens, list) or not set(map(type, tokens)) <= _STR:
             raise TraceError(name, lineno, "tokens", "must be a list of strings")
         if len(tokens) != len(token_ids):
             raise TraceError(name, lineno, "tokens", f"has {len(tokens)} entries for {len(token_ids)} token ids")
@@ -283,57 +426,88 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
     )
 
 
-_first = itemgetter(0)
-_second = itemgetter(1)
-
-
 def check_top_logprobs(
-    name: str, lineno: int, top: Any, token_ids: Sequence[int], *, oracle: bool, fld: str = "top_logprobs"
+    name: str, lineno: int | None, top: Any, token_ids: Sequence[int], *, oracle: bool, fld: str = "top_logprobs"
 ) -> None:
     """Validate one record's top-k lists; raise TraceError naming the first bad element."""
+    checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle, fld=fld)
+
+
+def checked_top_logprobs(
+    name: str, lineno: int | None, top: Any, token_ids: Sequence[int], *, oracle: bool, fld: str = "top_logprobs"
+) -> Sequence[TopList]:
+    """Validate one record's top-k lists and return them, as a compact `TopLogprobs` when
+    every position has the same k (the rule for an oracle), else as given."""
     if not isinstance(top, list):
         raise TraceError(name, lineno, fld, "must be a list (one top-k list per generated position)")
     if len(top) != len(token_ids):
         raise TraceError(name, lineno, fld, f"has {len(top)} positions for {len(token_ids)} generated tokens")
-    if not top or _fast_ok(top, token_ids, oracle):
-        return
+    if not top:
+        return top
+    compact = _fast_top(top, token_ids, oracle)
+    if compact is not None:
+        return compact
     for i, pos in enumerate(top):
         _check_position(name, lineno, f"{fld}[{i}]", pos, token_ids[i], oracle)
+    return top
 
 
-def _fast_ok(top: list[Any], token_ids: Sequence[int], oracle: bool) -> bool:
-    """True when every list is well-formed; False means 'look closer', never 'invalid'."""
+def _fast_top(top: list[Any], token_ids: Sequence[int], oracle: bool) -> TopLogprobs | None:
+    """The lists as arrays when every rule holds; None means 'look closer', never 'invalid'.
+
+    A trace is mostly top-k lists, so this is the reader's hot loop: every Python object is
+    touched once, by C code (zip, array), and the rules run on the arrays.
+    """
+    if set(map(type, top)) != _LIST:
+        return None
+    lengths = set(map(len, top))
+    if len(lengths) != 1:
+        return None
+    k = lengths.pop()
+    if k == 0:
+        return None
     try:
-        arr = np.array(top, dtype=np.float64)
-    except (ValueError, TypeError):
-        return False
-    if arr.ndim != 3 or arr.shape[2] != 2 or arr.shape[1] == 0:
-        return False
-    try:
-        pairs = list(chain.from_iterable(top))
-        id_types = set(map(type, map(_first, pairs)))
-        lp_types = set(map(type, map(_second, pairs)))
-    except (TypeError, KeyError, IndexError):
-        return False
-    if id_types != {int} or not lp_types <= {float, int}:
-        return False
-    ids = arr[:, :, 0]
-    lps = arr[:, :, 1]
-    if not (np.isfinite(lps).all() and (lps <= 0.0).all() and (ids >= 0).all()):
-        return False
+        # strict: every pair has the same length, and unpacking makes it exactly 2.
+        ids_t, lps_t = zip(*chain.from_iterable(top), strict=True)
+        # array('q') takes only integers (no floats, strings, lists, None); array('d') only
+        # numbers. Both also take bools, checked below.
+        ids = np.frombuffer(array("q", ids_t), dtype=np.int64).reshape(len(top), k)
+        lps = np.frombuffer(array("d", lps_t), dtype=np.float64).reshape(len(top), k)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    hi, lo = lps.max(), lps.min()
+    if not (hi <= 0.0 and lo > -np.inf) or ids.min() < 0:  # also false for NaN
+        return None
+    # A JSON true/false would read as id 1/0 or logprob 0.0 (true as 1.0 fails above): only
+    # where such values occur are the types checked one by one.
+    if ids.min() <= 1 and not set(map(type, ids_t)) <= _INT:
+        return None
+    if hi == 0.0 and not set(map(type, lps_t)) <= _NUM:
+        return None
     a, b = lps[:, :-1], lps[:, 1:]
-    ia, ib = ids[:, :-1], ids[:, 1:]
-    if not ((a > b) | ((a == b) & (ia < ib))).all():
-        return False
-    srt = np.sort(ids, axis=1)
-    if (srt[:, 1:] == srt[:, :-1]).any():
-        return False
-    if oracle and not (ids[:, 0] == np.asarray(token_ids, dtype=np.float64)).all():
-        return False
-    return True
+    if not (a >= b).all():
+        return None
+    ties = a == b
+    if ties.any() and not (ids[:, :-1][ties] < ids[:, 1:][ties]).all():
+        return None
+    if k > 1:
+        srt = np.sort(ids, axis=1)
+        if (srt[:, 1:] == srt[:, :-1]).any():
+            return None
+    # The greedy choice heads its list (ties go to the lowest id, as with torch.argmax).
+    if oracle:
+        try:
+            chosen = np.fromiter(token_ids, dtype=np.int64, count=len(token_ids))
+        except OverflowError:  # an id past int64: JSON (and orjson) go up to 2**64 - 1
+            return None
+        if not np.array_equal(ids[:, 0], chosen):
+            return None
+    return TopLogprobs(ids, lps)
 
 
-def _check_position(name: str, lineno: int, fld: str, pos: Any, chosen: int, oracle: bool) -> None:
+
+
+def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: int, oracle: bool) -> None:
     if not isinstance(pos, list):
         raise TraceError(name, lineno, fld, "must be a list of [token_id, logprob] pairs")
     if oracle and not pos:
@@ -351,6 +525,8 @@ def _check_position(name: str, lineno: int, fld: str, pos: Any, chosen: int, ora
             raise TraceError(name, lineno, where, f"negative token id {tid}")
         if not _is_num(lp):
             raise TraceError(name, lineno, where, f"logprob must be a number, found {lp!r}")
+        if type(lp) is int and abs(lp) > _MAX_FLOAT_INT:
+            raise TraceError(name, lineno, where, f"logprob {lp} is out of range")
         if math.isnan(lp) or math.isinf(lp):
             raise TraceError(name, lineno, where, f"logprob is {lp}: NaN and infinite logprobs are not allowed")
         if lp > 0:

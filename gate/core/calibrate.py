@@ -1,0 +1,590 @@
+"""Calibration: how far an honest candidate drifts from the oracle, and the doctrine that follows.
+
+Pure functions over two traces (no I/O, no torch). Drift is measured only where both
+engines saw the same context and chose the same token: the common prefix of each prompt's
+free run (after a free-run divergence the contexts differ, and so would the logprobs for
+reasons that are not drift).
+
+The figure that decides a near-tie threshold is the *gap drift*: at a matched position
+with oracle choice o and a rival t listed by both engines, how much the gap
+`lp(o) - lp(t)` moved, `|(O[o] - O[t]) - (C[o] - C[t])|`. The candidate flips to t exactly
+when that drift exceeds the oracle's gap, so the largest honest gap drift is the smallest
+threshold that ratifies every honest flip the sample shows. The per-token drift
+(`|O[t] - C[t]|`) is reported too but includes a shift of the normaliser (logsumexp) that
+moves every token alike and cannot flip anything.
+
+`GateResult.meta[CALIBRATION_META_KEY]` carries `Calibration.to_dict()` for reports that
+plot drift (see `attach_calibration`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from gate.core.adjudicate import GateResult, compare, grid_step, oracle_dtype
+from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
+from gate.core.trace import PromptRecord, Trace
+from gate.errors import InputError
+
+CALIBRATION_VERSION = 1
+# Reports find a calibration here: `result.meta["calibration"]` is `Calibration.to_dict()`.
+CALIBRATION_META_KEY = "calibration"
+# Bin edges (mnats) for the histograms reports plot; the last bin is open-ended.
+HISTOGRAM_EDGES_MNATS: tuple[float, ...] = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+# Grid steps at which the oracle's top-2 gaps are counted when its raw logits are known.
+GAP_STEPS: tuple[int, ...] = (1, 2, 4)
+# Below this many rival pairs the largest drift is a weak estimate of the population's.
+MIN_PAIRS_FOR_CONFIDENCE = 200
+# Recommended thresholds are rounded up to a multiple of this many mnats.
+ROUND_MNATS = 5.0
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """Summary of a sample of non-negative figures. Quantiles are observed values
+    (inverted CDF: the smallest x with at least q of the sample at or below it)."""
+
+    count: int
+    median: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
+    mean: float | None
+
+    @classmethod
+    def of(cls, values: Sequence[float] | np.ndarray) -> Distribution:
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.size == 0:
+            return cls(0, None, None, None, None, None)
+        q = np.quantile(arr, [0.5, 0.9, 0.99], method="inverted_cdf")
+        return cls(int(arr.size), float(q[0]), float(q[1]), float(q[2]), float(arr.max()), float(arr.mean()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "median": self.median,
+            "p90": self.p90,
+            "p99": self.p99,
+            "max": self.max,
+            "mean": self.mean,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Counts over `HISTOGRAM_EDGES_MNATS`: bin j holds edges[j] <= x < edges[j+1]; the
+    last bin is x >= edges[-1]. `zero` counts exact zeros separately (also in bin 0)."""
+
+    edges: tuple[float, ...]
+    counts: tuple[int, ...]
+    zero: int
+
+    @classmethod
+    def of(cls, values: Sequence[float] | np.ndarray, edges: tuple[float, ...] = HISTOGRAM_EDGES_MNATS) -> Histogram:
+        arr = np.asarray(values, dtype=np.float64)
+        idx = np.searchsorted(np.asarray(edges), arr, side="right") - 1
+        counts = np.bincount(np.clip(idx, 0, len(edges) - 1), minlength=len(edges))
+        return cls(edges=edges, counts=tuple(int(c) for c in counts), zero=int((arr == 0.0).sum()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"edges_mnats": list(self.edges), "counts": list(self.counts), "zero": self.zero}
+
+
+@dataclass(frozen=True, slots=True)
+class TopGaps:
+    """The oracle's own top-2 gaps over every position with at least two listed tokens.
+
+    `within_steps[n]` counts gaps of at most n steps of the dtype grid at the position's
+    top logit (positive gaps only; exact ties are counted apart), over the positions whose
+    raw logit the oracle recorded (`positions_with_logits`); None when it recorded none.
+    """
+
+    positions: int
+    exact_ties: int
+    distribution: Distribution
+    smallest_positive_mnats: float | None
+    p1_mnats: float | None
+    p10_mnats: float | None
+    positions_with_logits: int
+    within_steps: Mapping[int, int] | None
+    histogram: Histogram
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "positions": self.positions,
+            "exact_ties": self.exact_ties,
+            "mnats": self.distribution.to_dict(),
+            "smallest_positive_mnats": self.smallest_positive_mnats,
+            "p1_mnats": self.p1_mnats,
+            "p10_mnats": self.p10_mnats,
+            "positions_with_logits": self.positions_with_logits,
+            "within_steps": None if self.within_steps is None else {str(k): v for k, v in self.within_steps.items()},
+            "histogram": self.histogram.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """A doctrine the sample supports, with the reasoning in words."""
+
+    near_tie_mnats: float
+    near_tie_ulps: float | None
+    dtype: str
+    confidence: str  # "high", "low" (small sample) or "none" (nothing to measure)
+    reasons: tuple[str, ...]
+
+    @property
+    def doctrine(self) -> Doctrine:
+        return Doctrine(near_tie_mnats=self.near_tie_mnats, near_tie_ulps=self.near_tie_ulps, dtype=self.dtype)
+
+    @property
+    def flags(self) -> str:
+        """The command-line options that select this doctrine."""
+        out = f"--near-tie-mnats {_num(self.near_tie_mnats)}"
+        if self.near_tie_ulps is not None:
+            out += f" --near-tie-ulps {_num(self.near_tie_ulps)}"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "near_tie_mnats": self.near_tie_mnats,
+            "near_tie_ulps": self.near_tie_ulps,
+            "dtype": self.dtype,
+            "confidence": self.confidence,
+            "flags": self.flags,
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Verdicts:
+    """The candidate's verdict under the default doctrine and under the recommended one."""
+
+    default: str
+    default_summary: str
+    recommended: str
+    recommended_summary: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "default": self.default,
+            "default_summary": self.default_summary,
+            "recommended": self.recommended,
+            "recommended_summary": self.recommended_summary,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Drift between an oracle and a candidate trace over matched positions.
+
+    All figures are in mnats except `*_ulps` (steps of `dtype`'s grid at the oracle's top
+    logit, on positions whose raw logit the oracle recorded) and the counts.
+    """
+
+    model: str
+    oracle_engine: str
+    candidate_engine: str
+    dtype: str
+    prompts: int
+    positions: int
+    positions_matched: int
+    chosen_abs_delta: Distribution
+    shared_abs_delta: Distribution
+    gap_drift: Distribution
+    gap_drift_ulps: Distribution
+    chosen_logit_abs_delta: Distribution
+    kl: Distribution
+    shared_support: Distribution
+    shared_mass: Distribution
+    top1_compared: int
+    top1_agreed: int
+    top1_source: str
+    top_gaps: TopGaps
+    gap_drift_histogram: Histogram
+    recommendation: Recommendation
+    verdicts: Verdicts | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def top1_agreement(self) -> float | None:
+        return self.top1_agreed / self.top1_compared if self.top1_compared else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gate_calibration": CALIBRATION_VERSION,
+            "model": self.model,
+            "oracle_engine": self.oracle_engine,
+            "candidate_engine": self.candidate_engine,
+            "dtype": self.dtype,
+            "prompts": self.prompts,
+            "positions": self.positions,
+            "positions_matched": self.positions_matched,
+            "drift": {
+                "chosen_abs_delta_mnats": self.chosen_abs_delta.to_dict(),
+                "shared_topk_abs_delta_mnats": self.shared_abs_delta.to_dict(),
+                "gap_drift_mnats": self.gap_drift.to_dict(),
+                "gap_drift_ulps": self.gap_drift_ulps.to_dict(),
+                "chosen_logit_abs_delta_mnats": self.chosen_logit_abs_delta.to_dict(),
+                "gap_drift_histogram": self.gap_drift_histogram.to_dict(),
+            },
+            "kl_shared_topk_mnats": {
+                **self.kl.to_dict(),
+                "note": "KL(oracle || candidate) over the tokens both lists carry, each side renormalised over them",
+                "shared_support_tokens": self.shared_support.to_dict(),
+                "oracle_mass_on_shared_support": self.shared_mass.to_dict(),
+            },
+            "top1": {
+                "compared": self.top1_compared,
+                "agreed": self.top1_agreed,
+                "agreement": self.top1_agreement,
+                "source": self.top1_source,
+            },
+            "oracle_top2_gaps": self.top_gaps.to_dict(),
+            "recommendation": self.recommendation.to_dict(),
+            "verdicts": self.verdicts.to_dict() if self.verdicts is not None else None,
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------- computation
+
+
+def _logits(rec: PromptRecord) -> list[float | None] | None:
+    raw = rec.extra.get("token_logits")
+    if not isinstance(raw, list) or len(raw) != len(rec.token_ids):
+        return None
+    return [float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None for v in raw]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+@dataclass(slots=True)
+class _Samples:
+    chosen: list[float] = field(default_factory=list)
+    shared: list[float] = field(default_factory=list)
+    gap_drift: list[float] = field(default_factory=list)
+    gap_drift_ulps: list[float] = field(default_factory=list)
+    chosen_logit: list[float] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)
+    support: list[float] = field(default_factory=list)
+    mass: list[float] = field(default_factory=list)
+    top2: list[float] = field(default_factory=list)
+    top2_steps: list[float] = field(default_factory=list)
+
+
+def _kl_shared(o: Mapping[int, float], c: Mapping[int, float], shared: Sequence[int]) -> tuple[float, float]:
+    """KL(P || Q) in nats over `shared`, both renormalised; and the oracle mass on `shared`."""
+    lo = np.array([o[t] for t in shared], dtype=np.float64)
+    lc = np.array([c[t] for t in shared], dtype=np.float64)
+    norm_o = np.logaddexp.reduce(lo)
+    norm_c = np.logaddexp.reduce(lc)
+    po = lo - norm_o
+    pc = lc - norm_c
+    kl = float(np.sum(np.exp(po) * (po - pc)))
+    return max(kl, 0.0), float(math.exp(norm_o))
+
+
+def _oracle_position(
+    s: _Samples, top: Sequence[Sequence[Any]], logit: float | None, dtype: str
+) -> tuple[bool, float | None]:
+    """Record the oracle's top-2 gap at one position; return (has_gap, step in nats)."""
+    step = grid_step(logit, dtype) if logit is not None else None
+    if len(top) < 2:
+        return False, step
+    gap = float(top[0][1]) - float(top[1][1])
+    s.top2.append(1000.0 * gap)
+    if step is not None:
+        s.top2_steps.append(gap / step)
+    return True, step
+
+
+def _matched_position(
+    s: _Samples,
+    o_top: Sequence[Sequence[Any]],
+    c_top: Sequence[Sequence[Any]],
+    chosen: int,
+    step: float | None,
+) -> None:
+    o = {int(t): float(lp) for t, lp in o_top}
+    c = {int(t): float(lp) for t, lp in c_top}
+    shared = [t for t in o if t in c]
+    if chosen in c:
+        s.chosen.append(1000.0 * abs(o[chosen] - c[chosen]))
+    s.shared.extend(1000.0 * abs(o[t] - c[t]) for t in shared)
+    if chosen in c:
+        for t in shared:
+            if t == chosen:
+                continue
+            drift = abs((o[chosen] - o[t]) - (c[chosen] - c[t]))
+            s.gap_drift.append(1000.0 * drift)
+            if step is not None:
+                s.gap_drift_ulps.append(drift / step)
+    if shared:
+        kl, mass = _kl_shared(o, c, shared)
+        s.kl.append(1000.0 * kl)
+        s.support.append(float(len(shared)))
+        s.mass.append(mass)
+
+
+def calibrate(
+    oracle: Trace,
+    candidate: Trace,
+    *,
+    dtype: str | None = None,
+    with_verdicts: bool = True,
+) -> Calibration:
+    """Drift statistics of `candidate` against `oracle` and the doctrine they support.
+
+    Prompts are matched by id as in `compare` (the same input errors apply). The candidate
+    must carry top-k logprobs: drift cannot be measured from tokens alone.
+    """
+    if oracle.role != "oracle":
+        raise InputError(f"{oracle.path}: expected an oracle trace, found role {oracle.role!r}")
+    if candidate.role != "candidate":
+        raise InputError(f"{candidate.path}: expected a candidate trace, found role {candidate.role!r}")
+    dtype = dtype or oracle_dtype(oracle)
+    grid_step(1.0, dtype)  # an unknown dtype is an input error now, not halfway through
+    cand = candidate.by_id()
+    missing = [r.id for r in oracle.records if r.id not in cand]
+    if missing:
+        raise InputError(f"{candidate.path}: missing prompt(s) {', '.join(map(repr, missing[:5]))} the oracle has")
+    if oracle.records and all(cand[r.id].top_logprobs is None for r in oracle.records):
+        raise InputError(
+            f"{candidate.path}: the candidate trace has no top_logprobs; calibration measures logprob drift "
+            "and needs them (record the candidate with top_k >= 1)"
+        )
+
+    s = _Samples()
+    positions = matched = 0
+    top1_compared = top1_agreed = 0
+    forced_everywhere = True
+    oracle_logits_seen = 0
+    for o_rec in oracle.records:
+        c_rec = cand[o_rec.id]
+        if c_rec.prompt_token_ids != o_rec.prompt_token_ids:
+            raise InputError(
+                f"prompt {o_rec.id!r}: prompt_token_ids differ between {oracle.path} and {candidate.path} "
+                "(tokenizer or chat-template drift): calibration needs the same prompts"
+            )
+        o_top = o_rec.top_logprobs
+        assert o_top is not None  # the reader guarantees it for oracle records
+        n = len(o_rec.token_ids)
+        positions += n
+        o_logits = _logits(o_rec)
+        c_logits = _logits(c_rec)
+        prefix = _common_prefix(o_rec.token_ids, c_rec.token_ids)
+        c_top = c_rec.top_logprobs
+        steps: list[float | None] = []
+        for i in range(n):
+            logit = o_logits[i] if o_logits is not None else None
+            oracle_logits_seen += logit is not None
+            _, step = _oracle_position(s, o_top[i], logit, dtype)
+            steps.append(step)
+        for i in range(min(prefix, n)):
+            matched += 1
+            if c_top is not None and i < len(c_top):
+                _matched_position(s, o_top[i], c_top[i], o_rec.token_ids[i], steps[i])
+            if o_logits is not None and c_logits is not None:
+                a, b = o_logits[i], c_logits[i]
+                if a is not None and b is not None:
+                    s.chosen_logit.append(1000.0 * abs(a - b))
+        forced = c_rec.forced_token_ids
+        if forced is not None and len(forced) == n:
+            top1_compared += n
+            top1_agreed += sum(1 for i in range(n) if forced[i] == o_rec.token_ids[i])
+        else:
+            # Without forced data only the common prefix and the first divergence share
+            # the oracle's context.
+            forced_everywhere = False
+            top1_compared += min(prefix, n) + (1 if prefix < n and prefix < len(c_rec.token_ids) else 0)
+            top1_agreed += min(prefix, n)
+
+    any_forced = any(cand[r.id].forced_token_ids is not None for r in oracle.records)
+    top1_source = "forced" if forced_everywhere and oracle.records else ("mixed" if any_forced else "free_run")
+    top_gaps = _top_gaps(s, oracle_logits_seen)
+    notes: list[str] = []
+    if not oracle_logits_seen:
+        notes.append(
+            "the oracle recorded no raw logits (token_logits): no figures in grid steps, no ULP doctrine"
+        )
+    dist_ulps = Distribution.of(s.gap_drift_ulps)
+    rec = recommend(
+        gap_drift=Distribution.of(s.gap_drift),
+        gap_drift_ulps=dist_ulps if oracle_logits_seen else None,
+        top2_mnats=s.top2,
+        dtype=dtype,
+    )
+    cal = Calibration(
+        model=oracle.header.model,
+        oracle_engine=_engine_name(oracle),
+        candidate_engine=_engine_name(candidate),
+        dtype=dtype,
+        prompts=len(oracle.records),
+        positions=positions,
+        positions_matched=matched,
+        chosen_abs_delta=Distribution.of(s.chosen),
+        shared_abs_delta=Distribution.of(s.shared),
+        gap_drift=Distribution.of(s.gap_drift),
+        gap_drift_ulps=dist_ulps,
+        chosen_logit_abs_delta=Distribution.of(s.chosen_logit),
+        kl=Distribution.of(s.kl),
+        shared_support=Distribution.of(s.support),
+        shared_mass=Distribution.of(s.mass),
+        top1_compared=top1_compared,
+        top1_agreed=top1_agreed,
+        top1_source=top1_source,
+        top_gaps=top_gaps,
+        gap_drift_histogram=Histogram.of(s.gap_drift),
+        recommendation=rec,
+        notes=tuple(notes),
+    )
+    if with_verdicts:
+        cal = replace(cal, verdicts=verdicts(oracle, candidate, rec))
+    return cal
+
+
+def _engine_name(trace: Trace) -> str:
+    name = str(trace.header.engine.get("name", ""))
+    version = trace.header.engine.get("version")
+    return f"{name} {version}" if version else name
+
+
+def _top_gaps(s: _Samples, with_logits: int) -> TopGaps:
+    arr = np.asarray(s.top2, dtype=np.float64)
+    positive = arr[arr > 0.0]
+    steps = np.asarray(s.top2_steps, dtype=np.float64)
+    within: dict[int, int] | None = None
+    if with_logits:
+        within = {n: int(((steps > 0.0) & (steps <= n)).sum()) for n in GAP_STEPS}
+
+    def q(p: float) -> float | None:
+        return float(np.quantile(arr, p, method="inverted_cdf")) if arr.size else None
+
+    return TopGaps(
+        positions=int(arr.size),
+        exact_ties=int((arr == 0.0).sum()),
+        distribution=Distribution.of(arr),
+        smallest_positive_mnats=float(positive.min()) if positive.size else None,
+        p1_mnats=q(0.01),
+        p10_mnats=q(0.10),
+        positions_with_logits=with_logits,
+        within_steps=within,
+        histogram=Histogram.of(arr),
+    )
+
+
+# --------------------------------------------------------------------------- recommendation
+
+
+def _round_up(x: float, unit: float) -> float:
+    return float(math.ceil(x / unit - 1e-9) * unit)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def recommend(
+    *,
+    gap_drift: Distribution,
+    gap_drift_ulps: Distribution | None,
+    top2_mnats: Sequence[float],
+    dtype: str = "bfloat16",
+) -> Recommendation:
+    """The near-tie thresholds that ratify every honest flip the sample shows, and why.
+
+    The threshold in mnats is the largest gap drift, rounded up to a multiple of 5; the
+    threshold in grid steps (when the oracle's logits are known) is the largest drift in
+    steps, rounded up to a whole step. A gap drift smaller than the threshold is what two
+    honest engines do; a threshold below it would fail an honest candidate on a prompt
+    whose top-2 gap happens to be that small.
+    """
+    reasons: list[str] = []
+    top2 = np.asarray(list(top2_mnats), dtype=np.float64)
+    if gap_drift.count == 0 or gap_drift.max is None:
+        reasons.append(
+            "no rival token was listed by both engines at a matched position, so no drift could be measured; "
+            f"keep the default --near-tie-mnats {_num(DEFAULT_NEAR_TIE_MNATS)}"
+        )
+        return Recommendation(DEFAULT_NEAR_TIE_MNATS, None, dtype, "none", tuple(reasons))
+    confidence = "high" if gap_drift.count >= MIN_PAIRS_FOR_CONFIDENCE else "low"
+    if gap_drift.max == 0.0:
+        reasons.append(
+            f"over {gap_drift.count} rival pairs the gap between the oracle's token and each rival "
+            "did not move at all: "
+            "the candidate reproduces the oracle's logprob gaps bit for bit, so any nonzero gap is a defect "
+            "(--near-tie-mnats 0; exact ties stay ratified)"
+        )
+        return Recommendation(0.0, 0.0 if gap_drift_ulps is not None else None, dtype, confidence, tuple(reasons))
+
+    mnats = max(_round_up(gap_drift.max, ROUND_MNATS), ROUND_MNATS)
+    reasons.append(
+        f"the gap between the oracle's token and a rival both engines list moved by a median "
+        f"{gap_drift.median:.1f}, p99 {gap_drift.p99:.1f} and at most {gap_drift.max:.1f} mnats over "
+        f"{gap_drift.count} rival pairs; the candidate flips to a rival exactly when this drift exceeds the "
+        f"oracle's gap, so {_num(mnats)} mnats (the largest drift, rounded up to {_num(ROUND_MNATS)}) ratifies every "
+        "honest flip this sample shows"
+    )
+    if mnats < DEFAULT_NEAR_TIE_MNATS:
+        reasons.append(
+            f"that is below the default {_num(DEFAULT_NEAR_TIE_MNATS)} mnats: the default would let defects of "
+            f"{_num(mnats)}-{_num(DEFAULT_NEAR_TIE_MNATS)} mnats through as near ties"
+        )
+    elif mnats > DEFAULT_NEAR_TIE_MNATS:
+        reasons.append(
+            f"that is above the default {_num(DEFAULT_NEAR_TIE_MNATS)} mnats: under the default an honest flip "
+            f"with a gap of {_num(DEFAULT_NEAR_TIE_MNATS)}-{_num(mnats)} mnats would fail as a defect"
+        )
+    if top2.size:
+        blind = int(((top2 > 0.0) & (top2 <= mnats)).sum())
+        reasons.append(
+            f"the cost: {blind} of {top2.size} oracle positions ({100.0 * blind / top2.size:.1f}%) have a top-2 gap "
+            f"within {_num(mnats)} mnats; a flip there is ratified, so a defect that small passes unseen at them"
+        )
+    ulps: float | None = None
+    if gap_drift_ulps is not None and gap_drift_ulps.count and gap_drift_ulps.max is not None:
+        ulps = max(float(math.ceil(gap_drift_ulps.max - 1e-9)), 1.0)
+        reasons.append(
+            f"in steps of the {dtype} grid at the oracle's top logit the drift was a median "
+            f"{gap_drift_ulps.median:.2f}, p99 {gap_drift_ulps.p99:.2f}, at most {gap_drift_ulps.max:.2f} steps "
+            f"({gap_drift_ulps.count} pairs with a recorded logit): --near-tie-ulps {_num(ulps)} scales the "
+            "threshold with the logit's size, where a fixed number of mnats is too loose for small logits "
+            "and too tight for large ones"
+        )
+    if confidence == "low":
+        reasons.append(
+            f"only {gap_drift.count} rival pairs (fewer than {MIN_PAIRS_FOR_CONFIDENCE}): the largest drift of a "
+            "small sample underestimates the engines' true spread; calibrate on a larger suite before relying on it"
+        )
+    return Recommendation(mnats, ulps, dtype, confidence, tuple(reasons))
+
+
+def verdicts(oracle: Trace, candidate: Trace, rec: Recommendation) -> Verdicts:
+    """The candidate's verdict under the default doctrine and under `rec`."""
+    default = compare(oracle, candidate, Doctrine(dtype=rec.dtype))
+    recommended = compare(oracle, candidate, rec.doctrine)
+    return Verdicts(default.verdict, default.summary, recommended.verdict, recommended.summary)
+
+
+def attach_calibration(result: GateResult, oracle: Trace, candidate: Trace) -> GateResult:
+    """`result` with `meta[CALIBRATION_META_KEY]` set when the candidate carries top-k
+    logprobs; unchanged (never an error) when drift cannot be measured."""
+    if all(r.top_logprobs is None for r in candidate.records):
+        return result
+    try:
+        cal = calibrate(oracle, candidate, with_verdicts=False)
+    except InputError:
+        return result
+    return replace(result, meta={**result.meta, CALIBRATION_META_KEY: cal.to_dict()})

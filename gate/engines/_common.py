@@ -1,0 +1,83 @@
+"""Pieces the HF and vLLM engines share: top-k ordering, tokenization, stop tokens.
+
+Nothing here imports torch or vllm; the engines pass their tokenizer and config objects in.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gate.errors import InputError
+
+# One top-k list as the trace stores it: [token_id, logprob] pairs.
+Pairs = list[list[Any]]
+
+
+def sort_top(pairs: Iterable[tuple[int, float]]) -> Pairs:
+    """`[[id, logprob], ...]` in the trace's order: logprob descending, then token id
+    ascending, which is the order `torch.argmax` prefers among equal values."""
+    return [[int(t), float(lp)] for t, lp in sorted(pairs, key=lambda p: (-p[1], p[0]))]
+
+
+def encode_prompt(
+    tokenizer: Any, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+) -> tuple[int, ...]:
+    """The token ids a prompt becomes, the way vLLM makes them.
+
+    Text: `tokenizer(text)` with the tokenizer's own special tokens (vLLM's `LLM.generate`
+    on a string does the same). Messages: the chat template rendered with
+    `add_generation_prompt=True`, then tokenized without adding special tokens again, as
+    vLLM's `LLM.chat` does (the template already wrote them).
+    """
+    if (text is None) == (messages is None):
+        raise InputError("a prompt needs exactly one of text or messages")
+    if messages is not None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise InputError("this model's tokenizer has no chat template; give the prompt as text")
+        rendered = tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+        )
+        return tuple(int(t) for t in tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    return tuple(int(t) for t in tokenizer(text)["input_ids"])
+
+
+def decode_each(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The text of each token id on its own (a partial UTF-8 byte shows as U+FFFD)."""
+    return [tokenizer.decode([int(t)]) for t in ids]
+
+
+def stop_token_ids(tokenizer: Any | None, generation_config: Any | None) -> frozenset[int]:
+    """The ids that end generation: the generation config's eos ids and the tokenizer's eos,
+    the union vLLM stops on (`SamplingParams` adds the generation config's to the tokenizer's)."""
+    ids: set[int] = set()
+    eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(t) for t in eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return frozenset(ids)
+
+
+def check_prompt_ids(prompt_id: str, ids: Sequence[int], vocab_size: int | None) -> None:
+    """Refuse what no engine can run: an empty prompt, or an id outside the vocabulary."""
+    if not ids:
+        raise InputError(f"prompt {prompt_id!r}: no prompt tokens")
+    if vocab_size is not None:
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InputError(f"prompt {prompt_id!r}: token id {bad[0]} is outside the vocabulary (size {vocab_size})")
+
+
+def host_platform() -> dict[str, str]:
+    """Where the engine ran, for trace headers."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }

@@ -1,0 +1,313 @@
+"""The HF engine: any transformers causal LM, decoded greedily by gate's own loop.
+
+gate does not call `model.generate`: it runs the model forward itself, one prompt at a
+time with a KV cache (one prefill pass over the prompt, then one forward per new token),
+so that every step goes through two small methods that tests and fault injection can
+see and wrap:
+
+- `_logits_hook(logits, position)`: the float32 logits of one step, before anything is
+  read from them. Identity here; `gate selftest` wraps it to inject faults.
+- `_pick(logits)`: the greedy choice, `torch.argmax`, ties to the lowest token id (or, with
+  `tie_break=highest`, deliberately the highest: the gate's own mutation test).
+
+`force` runs the very same step function while feeding the oracle's tokens, so on the
+engine's own tokens it reproduces `generate` bit for bit.
+
+Options (`--engine-opt key=value`): device (cpu, cuda, cuda:N, mps, xpu; default cpu),
+dtype (bfloat16, float16, float32; default bfloat16), tie_break (lowest, highest),
+trust_remote_code (default false), revision, attn_implementation (e.g. eager, sdpa).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from gate.core.trace import PromptRecord
+from gate.engines._common import Pairs, check_prompt_ids, decode_each, encode_prompt, host_platform, sort_top
+from gate.engines._common import stop_token_ids as _stop_token_ids
+from gate.engines.base import ForcedDecode, PromptInput, parse_options
+from gate.errors import EngineError, InputError
+from gate.models.default import resolve_model_path
+
+OPTIONS: dict[str, tuple[type, Any]] = {
+    "device": (str, "cpu"),
+    "dtype": (str, "bfloat16"),
+    "tie_break": (str, "lowest"),
+    "trust_remote_code": (bool, False),
+    "revision": (str, None),
+    "attn_implementation": (str, None),
+}
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+TIE_BREAKS = ("lowest", "highest")
+
+
+class StepResult:
+    """What one decode step yields: the greedy choice, its raw logit, and the top-k list."""
+
+    __slots__ = ("chosen", "logit", "top")
+
+    def __init__(self, chosen: int, logit: float, top: Pairs | None) -> None:
+        self.chosen = chosen
+        self.logit = logit
+        self.top = top
+
+
+class HFEngine:
+    """Greedy decoding of a transformers causal LM; see the module doc for the options."""
+
+    name = "hf"
+
+    def __init__(self, model: str, **options: Any) -> None:
+        opts = parse_options(self.name, options, OPTIONS)
+        dtype_name = str(opts["dtype"]).lower()
+        if dtype_name not in DTYPES:
+            raise InputError(f"--engine-opt dtype={opts['dtype']}: expected one of bfloat16, float16, float32")
+        tie_break = str(opts["tie_break"]).lower()
+        if tie_break not in TIE_BREAKS:
+            raise InputError(f"--engine-opt tie_break={opts['tie_break']}: expected lowest or highest")
+        self.model_id = model
+        self.options = opts
+        self.dtype = DTYPES[dtype_name]
+        self.tie_break = tie_break
+        self.device = _device(str(opts["device"]))
+        self.model_path = resolve_model_path(model)
+
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict[str, Any] = {"dtype": self.dtype, "trust_remote_code": bool(opts["trust_remote_code"])}
+        if opts["revision"]:
+            kwargs["revision"] = opts["revision"]
+        if opts["attn_implementation"]:
+            kwargs["attn_implementation"] = opts["attn_implementation"]
+        try:
+            loaded: Any = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
+        except OSError as exc:
+            # transformers' way of saying "no such folder or repo, or not cached offline".
+            raise InputError(f"cannot load model {model!r}: {exc}") from None
+        self.model: Any = loaded.to(self.device).eval()
+        self.tokenizer = _load_tokenizer(self.model_path, kwargs)
+        self.stop_ids = _stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
+        self.vocab_size: int | None = getattr(self.model.config, "vocab_size", None)
+
+    # ------------------------------------------------------------------ the contract
+
+    def info(self) -> dict[str, Any]:
+        import transformers
+
+        return {
+            "name": self.name,
+            "version": transformers.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "device": str(self.device),
+            "device_name": _device_name(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "tie_break": self.tie_break,
+            "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
+            "threads": torch.get_num_threads(),
+            "options": {k: v for k, v in self.options.items() if v is not None},
+            "model": self.model_id,
+            "model_path": self.model_path,
+            "architecture": type(self.model).__name__,
+            **host_platform(),
+        }
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        """Greedy free run of each prompt; see `gate.engines.base.Engine` for the shapes.
+
+        Beyond v1's fields, each record's `extra["token_logits"]` holds the raw (float32)
+        logit of the chosen token at every position.
+        """
+        return [self._generate_one(p, top_k) for p in prompts]
+
+    def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
+        """Teacher-forced decode: prefill the prompt, then at each position i record this
+        engine's greedy choice and top-k, and feed `token_ids[i]` (the oracle's token) as the
+        next input, one decode step at a time through the KV cache, exactly as `generate`
+        does with its own choice."""
+        check_prompt_ids("forced", prompt_token_ids, self.vocab_size)
+        if self.vocab_size is not None and any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise InputError(f"forced decode: an oracle token id is outside the vocabulary (size {self.vocab_size})")
+        chosen: list[int] = []
+        tops: list[Pairs] = []
+        logits_out: list[float] = []
+        with torch.inference_mode():
+            logits, cache = self._prefill(prompt_token_ids) if token_ids else (None, None)
+            for i, fed in enumerate(token_ids):
+                step = self._step(logits, i, top_k)
+                chosen.append(step.chosen)
+                logits_out.append(step.logit)
+                if step.top is not None:
+                    tops.append(step.top)
+                if i + 1 < len(token_ids):
+                    logits, cache = self._decode(int(fed), cache)
+        return ForcedDecode(
+            token_ids=tuple(chosen),
+            top_logprobs=tops if top_k > 0 else None,
+            mode="decode",
+            extra={"token_logits": logits_out},
+        )
+
+    def encode(
+        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+    ) -> tuple[int, ...] | None:
+        if self.tokenizer is None:
+            return None
+        return encode_prompt(self.tokenizer, text, messages)
+
+    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
+        if self.tokenizer is None:
+            return None
+        return decode_each(self.tokenizer, ids)
+
+    def close(self) -> None:
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ the decode loop
+
+    def _generate_one(self, prompt: PromptInput, top_k: int) -> PromptRecord:
+        check_prompt_ids(prompt.id, prompt.prompt_token_ids, self.vocab_size)
+        ids: list[int] = []
+        tops: list[Pairs] = []
+        logits_out: list[float] = []
+        finish = "length"
+        with torch.inference_mode():
+            logits, cache = self._prefill(prompt.prompt_token_ids) if prompt.max_tokens > 0 else (None, None)
+            for i in range(prompt.max_tokens):
+                step = self._step(logits, i, top_k)
+                ids.append(step.chosen)
+                logits_out.append(step.logit)
+                if step.top is not None:
+                    tops.append(step.top)
+                if step.chosen in self.stop_ids:
+                    finish = "stop"
+                    break
+                if i + 1 < prompt.max_tokens:
+                    logits, cache = self._decode(step.chosen, cache)
+        texts = self.decode_tokens(ids)
+        return PromptRecord(
+            id=prompt.id,
+            prompt_token_ids=tuple(prompt.prompt_token_ids),
+            token_ids=tuple(ids),
+            top_logprobs=tops if top_k > 0 else None,
+            finish_reason=finish,
+            prompt=prompt.prompt,
+            tokens=tuple(texts) if texts is not None else None,
+            extra={"token_logits": logits_out},
+        )
+
+    def _prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        """One forward over the whole prompt. Returns (logits of the last position, shape
+        [vocab], in the model's dtype; the KV cache the model built)."""
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1], out.past_key_values
+
+    def _decode(self, token: int, cache: Any) -> tuple[torch.Tensor, Any]:
+        """One decode step: feed one token against the cache. Returns ([vocab] logits, cache)."""
+        ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], out.past_key_values
+
+    def _step(self, raw_logits: torch.Tensor | None, position: int, top_k: int) -> StepResult:
+        """Read one position: raw logits ([vocab], model dtype) to the greedy choice, the
+        chosen token's float32 logit, and the top-k list.
+
+        Logprobs are `log_softmax` of the float32-cast logits, as vLLM's sampler computes
+        them (`logits.log_softmax(dim=-1, dtype=torch.float32)`).
+        """
+        assert raw_logits is not None  # callers prefill before the first step
+        logits = self._logits_hook(raw_logits.float(), position)
+        chosen = self._pick(logits)
+        logit = float(logits[chosen])
+        if top_k <= 0:
+            return StepResult(chosen, logit, None)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        top = top_k_pairs(logprobs, top_k, chosen)
+        if not all(math.isfinite(lp) for _, lp in top):
+            raise EngineError(f"the model produced non-finite logits at position {position} (NaN or inf)")
+        return StepResult(chosen, logit, top)
+
+    def _logits_hook(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+        """The float32 logits ([vocab]) of generated position `position`, before anything
+        reads them. Identity; fault injection (`gate selftest`) wraps this."""
+        return logits
+
+    def _pick(self, logits: torch.Tensor) -> int:
+        """The greedy choice from float32 logits of shape [vocab]."""
+        if self.tie_break == "highest":
+            # The wrong convention, on purpose: the last maximal index, so that the gate's
+            # own mutation test can check it is caught as exact ties with tie_break "higher_id".
+            return int(logits.shape[-1] - 1 - torch.argmax(logits.flip(-1)))
+        # Ties go to the lowest token id. PyTorch documents torch.argmax: "If there are
+        # multiple maximal values then the indices of the first maximal value are
+        # returned." vLLM's greedy sampler is `logits.argmax(dim=-1)` (Sampler.greedy_sample;
+        # on CPU its `_C.greedy_argmax` op, which also returns the first maximum), so the
+        # oracle and this engine break exact ties the same way.
+        return int(torch.argmax(logits))
+
+
+def top_k_pairs(logprobs: torch.Tensor, k: int, chosen: int) -> Pairs:
+    """The top-k of `logprobs` ([vocab] float32) as trace pairs, logprob descending then id
+    ascending, always including `chosen`.
+
+    `torch.topk` picks arbitrarily among values tied at the k-th place; the list here is
+    exact: every id strictly above the k-th value, then the lowest ids equal to it.
+    """
+    k = min(k, logprobs.shape[-1])
+    kth = torch.topk(logprobs, k).values[-1]
+    above = torch.nonzero(logprobs > kth).flatten()
+    at = torch.nonzero(logprobs == kth).flatten()[: k - above.numel()]
+    ids = torch.cat([above, at])
+    id_list = ids.tolist()
+    pairs = list(zip(id_list, logprobs[ids].tolist(), strict=True))
+    if chosen not in id_list:
+        pairs.append((chosen, float(logprobs[chosen])))
+    return sort_top(pairs)
+
+
+def _device(name: str) -> torch.device:
+    kind = name.split(":", 1)[0].lower()
+    available = {
+        "cpu": lambda: True,
+        "cuda": torch.cuda.is_available,
+        "mps": lambda: bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
+        "xpu": lambda: bool(getattr(torch, "xpu", None) and torch.xpu.is_available()),
+    }
+    if kind not in available:
+        raise InputError(f"--engine-opt device={name}: expected cpu, cuda, cuda:N, mps or xpu")
+    if not available[kind]():
+        raise InputError(f"--engine-opt device={name}: this torch ({torch.__version__}) sees no {kind} device")
+    return torch.device(name)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return device.type
+
+
+def _load_tokenizer(path: str, kwargs: Mapping[str, Any]) -> Any | None:
+    """The model's tokenizer, or None when the folder has none (ids-only models)."""
+    from transformers import AutoTokenizer
+
+    extra = {k: v for k, v in kwargs.items() if k in ("trust_remote_code", "revision")}
+    try:
+        return AutoTokenizer.from_pretrained(path, **extra)
+    except (OSError, ValueError, TypeError):
+        return None

@@ -1,0 +1,700 @@
+"""`--engine openai`: any server that speaks the OpenAI-compatible `/v1/completions` API.
+
+The prompt goes out as token ids (the pinned ids, never re-tokenised) and the answer comes
+back as token ids: `return_tokens_as_token_ids` makes vLLM key every top-logprob map by
+`"token_id:N"`, because maps keyed by decoded strings collide for distinct ids (two byte
+tokens that both decode to U+FFFD, for one). A server that ignores the flag is refused
+with a clear error rather than gated on guesses.
+
+Forced decode over HTTP is possible only as a prefill: the prompt plus the oracle's tokens
+go out in one request with `echo` and `logprobs`, and the prompt logprobs at each oracle
+position give the server's greedy choice there (`ForcedDecode(mode="prefill")`). A server
+that offers no prompt logprobs raises `ForcedDecodeUnavailable`; the runner then counts
+the positions after a prompt's first divergence as unadjudicated.
+
+Only the standard library speaks HTTP: one keep-alive connection per worker thread, a
+bounded number of retries with exponential backoff and jitter on 429, 5xx, timeouts and
+dropped connections, and `Retry-After` honoured. The API key is read from the environment
+variable named by `api_key_env`; it is sent in the Authorization header and nowhere else,
+and every message gate builds from a server's answer is scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import os
+import random
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+import orjson
+
+from gate import __version__
+from gate.core.trace import PromptRecord
+from gate.engines.base import ForcedDecode, PromptInput, parse_options
+from gate.errors import EngineError, InputError
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+FORCED_MODES = ("none", "prefill")
+# vLLM's server refuses `logprobs` above its `--max-logprobs` (20 unless raised).
+DEFAULT_MAX_LOGPROBS = 20
+# A Retry-After longer than this is not waited out: the run would look hung.
+MAX_RETRY_AFTER_S = 60.0
+MAX_BACKOFF_S = 30.0
+# Any other 4xx is the request's fault, and 501/505 are the server's final word: another
+# attempt will not improve them.
+NO_RETRY_5XX = frozenset({501, 505})
+# Bodies quoted in error messages are cut to this many characters.
+QUOTE_CHARS = 300
+
+_TOKEN_KEY = re.compile(r"token_id:(\d+)\Z")
+
+SCHEMA: dict[str, tuple[type, Any]] = {
+    "base_url": (str, None),
+    "model": (str, None),
+    "api_key_env": (str, None),
+    "timeout": (float, 120.0),
+    "concurrency": (int, 4),
+    "retries": (int, 3),
+    "backoff": (float, 0.5),
+    "forced": (str, "prefill"),
+    "max_logprobs": (int, DEFAULT_MAX_LOGPROBS),
+    "extra_body": (str, None),
+}
+
+
+class ForcedDecodeUnavailable(EngineError):
+    """The server cannot give forced data (no prompt logprobs); the runner marks the
+    positions after a prompt's first divergence unadjudicated instead of failing."""
+
+
+class ServerError(EngineError):
+    """The server answered with an HTTP error status (kept in `status`)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Retryable(Exception):
+    """One failed attempt that another attempt may fix; `wait` is the server's Retry-After."""
+
+    def __init__(self, reason: str, wait: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.wait = wait
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    scheme: str
+    host: str
+    port: int
+    prefix: str  # path up to and including /v1, without a trailing slash
+
+    @property
+    def display(self) -> str:
+        """The URL as it may be shown: no user, password or query string."""
+        default = 443 if self.scheme == "https" else 80
+        port = "" if self.port == default else f":{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}{port}{self.prefix}"
+
+
+def _parse_base_url(raw: str) -> _Endpoint:
+    url = raw.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InputError(f"--engine-opt base_url: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError("--engine-opt base_url: expected http://HOST:PORT or https://HOST[/PREFIX]")
+    path = parts.path.rstrip("/")
+    # Clients disagree on whether the base URL ends in /v1; accept both.
+    if not path.endswith("/v1"):
+        path += "/v1"
+    return _Endpoint(
+        scheme=parts.scheme,
+        host=parts.hostname,
+        port=port or (443 if parts.scheme == "https" else 80),
+        prefix=path,
+    )
+
+
+class _Transport:
+    """Blocking JSON over HTTP with one keep-alive connection per thread."""
+
+    def __init__(self, endpoint: _Endpoint, timeout: float, headers: Mapping[str, str]) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.headers = dict(headers)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[http.client.HTTPConnection] = set()
+
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn, True
+        ep = self.endpoint
+        if ep.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                ep.host, ep.port, timeout=self.timeout, context=ssl.create_default_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(ep.host, ep.port, timeout=self.timeout)
+        self._local.conn = conn
+        with self._lock:
+            self._open.add(conn)
+        return conn, False
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        self._local.conn = None
+        with self._lock:
+            self._open.discard(conn)
+
+    def request(self, method: str, path: str, body: bytes | None) -> tuple[int, str, Mapping[str, str], bytes]:
+        """One round trip: (status, reason, headers, body). Raises OSError/HTTPException."""
+        headers = dict(self.headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        while True:
+            conn, reused = self._connection()
+            try:
+                conn.request(method, self.endpoint.prefix + path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._drop(conn)
+                # Most likely a kept-alive connection the server closed while idle: one more
+                # try on a fresh connection is not counted as a retry (greedy requests are
+                # idempotent, so a request that did arrive may safely be sent again).
+                if reused:
+                    continue
+                raise
+            except BaseException:
+                self._drop(conn)
+                raise
+            if resp.will_close:
+                self._drop(conn)
+            return resp.status, resp.reason, {k.lower(): v for k, v in resp.getheaders()}, data
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._open = list(self._open), set()
+        for conn in conns:
+            conn.close()
+
+
+class OpenAIEngine:
+    """A candidate engine behind an OpenAI-compatible HTTP server.
+
+    Options (`--engine-opt key=value`):
+      base_url      the server, e.g. http://127.0.0.1:8000 or .../v1 (required)
+      model         the served model name (default: the gate model id)
+      api_key_env   name of the environment variable that holds the API key
+      timeout       seconds to wait for one response (default 120)
+      concurrency   requests in flight at once (default 4)
+      retries       further attempts after a 429, 5xx, timeout or dropped connection (default 3)
+      backoff       first backoff in seconds; doubles per attempt, with jitter (default 0.5)
+      forced        "prefill" (prompt logprobs as forced data, default) or "none"
+      max_logprobs  the server's cap on `logprobs` (vLLM: --max-logprobs, default 20)
+      extra_body    a JSON object merged into every request body (a null value removes a key)
+    """
+
+    name = "openai"
+
+    def __init__(self, model: str, /, **options: Any) -> None:
+        # Positional-only: `--engine-opt model=NAME` (the served name) arrives in `options`.
+        opts = parse_options(self.name, options, SCHEMA)
+        if not opts["base_url"]:
+            raise InputError("engine 'openai' needs --engine-opt base_url=http://HOST:PORT")
+        self.endpoint = _parse_base_url(opts["base_url"])
+        self.model = model
+        self.served_model: str = opts["model"] or model
+        if not (math.isfinite(opts["timeout"]) and opts["timeout"] > 0):
+            raise InputError(f"--engine-opt timeout={opts['timeout']}: expected a positive number of seconds")
+        if not (math.isfinite(opts["backoff"]) and opts["backoff"] >= 0):
+            raise InputError(f"--engine-opt backoff={opts['backoff']}: expected a number of seconds >= 0")
+        for key, low in (("concurrency", 1), ("retries", 0), ("max_logprobs", 1)):
+            if opts[key] < low:
+                raise InputError(f"--engine-opt {key}={opts[key]}: expected an integer >= {low}")
+        if opts["forced"] not in FORCED_MODES:
+            raise InputError(f"--engine-opt forced={opts['forced']}: expected one of {', '.join(FORCED_MODES)}")
+        self.timeout: float = opts["timeout"]
+        self.concurrency: int = opts["concurrency"]
+        self.retries: int = opts["retries"]
+        self.backoff: float = opts["backoff"]
+        self.forced_mode: str = opts["forced"]
+        self.max_logprobs: int = opts["max_logprobs"]
+        self.extra_body = _parse_extra_body(opts["extra_body"])
+        self.api_key_env: str | None = opts["api_key_env"] or None
+        self._secret = ""
+        headers = {"Accept": "application/json", "User-Agent": f"gate/{__version__}"}
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env, "")
+            if not key:
+                raise InputError(
+                    f"--engine-opt api_key_env={self.api_key_env}: the environment variable is not set or empty"
+                )
+            self._secret = key
+            headers["Authorization"] = f"Bearer {key}"
+        self._transport = _Transport(self.endpoint, self.timeout, headers)
+        self._server_models: list[str] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._sleep: Callable[[float], None] = time.sleep
+
+    def __repr__(self) -> str:
+        return f"OpenAIEngine(base_url={self.endpoint.display!r}, model={self.served_model!r})"
+
+    # ----------------------------------------------------------------- contract
+
+    def info(self) -> dict[str, Any]:
+        if self._server_models is None:
+            self._server_models = self._list_models()
+        out: dict[str, Any] = {
+            "name": self.name,
+            "version": __version__,
+            "client": "gate.engines.openai",
+            "base_url": self.endpoint.display,
+            "served_model": self.served_model,
+            "forced": self.forced_mode,
+            "max_logprobs": self.max_logprobs,
+            "sampling": {"temperature": 0, **self._sampling_extras()},
+        }
+        if self._server_models:
+            out["server_models"] = self._server_models
+        if self.api_key_env:
+            out["api_key_env"] = self.api_key_env  # the variable's name, never its value
+        return out
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        return self._map(lambda p: self._generate_one(p, top_k), prompts)
+
+    def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
+        if self.forced_mode == "none":
+            raise ForcedDecodeUnavailable(
+                f"{self.endpoint.display}: forced decode is off (--engine-opt forced=none); "
+                "positions after a prompt's first divergence stay unadjudicated"
+            )
+        return self._prefill(tuple(prompt_token_ids), tuple(token_ids), top_k)
+
+    def encode(
+        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+    ) -> tuple[int, ...] | None:
+        return None  # the pinned token ids are sent as they are
+
+    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
+        return None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._transport.close()
+
+    # ----------------------------------------------------------------- requests
+
+    def _sampling_extras(self) -> dict[str, Any]:
+        # Greedy is temperature 0, sent explicitly: a server otherwise applies the model's
+        # generation config. The penalties change the argmax itself, so they are pinned
+        # off too (vLLM's repetition_penalty is an extension; extra_body may drop it).
+        body: dict[str, Any] = {
+            "top_p": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
+        }
+        for key, value in self.extra_body.items():
+            if value is None:
+                body.pop(key, None)
+            else:
+                body[key] = value
+        return body
+
+    def _body(self, prompt: Sequence[int], max_tokens: int, logprobs: int, **more: Any) -> bytes:
+        body: dict[str, Any] = {
+            "model": self.served_model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "n": 1,
+            "stream": False,
+            "logprobs": logprobs,
+            "return_tokens_as_token_ids": True,
+        }
+        body.update(more)
+        body.update(self._sampling_extras())
+        return orjson.dumps(body)
+
+    def _logprobs_for(self, top_k: int) -> int:
+        # At least 1: the chosen tokens come back as "token_id:N" only alongside logprobs.
+        return max(1, min(top_k, self.max_logprobs))
+
+    def _generate_one(self, prompt: PromptInput, top_k: int) -> PromptRecord:
+        where = f"{self.endpoint.display}/completions"
+        body = self._body(prompt.prompt_token_ids, prompt.max_tokens, self._logprobs_for(top_k))
+        choice = self._choice(self._post("/completions", body), where, prompt.id)
+        lp = choice.get("logprobs")
+        if not isinstance(lp, dict):
+            self._fail(where, prompt.id, "the response has no logprobs (the server ignored `logprobs`)")
+        tokens = lp.get("tokens")
+        token_logprobs = lp.get("token_logprobs")
+        tops = lp.get("top_logprobs")
+        if not (isinstance(tokens, list) and isinstance(token_logprobs, list) and isinstance(tops, list)):
+            self._fail(where, prompt.id, "logprobs lacks the lists tokens, token_logprobs and top_logprobs")
+        if not (len(tokens) == len(token_logprobs) == len(tops)):
+            self._fail(
+                where,
+                prompt.id,
+                f"logprobs lists differ in length (tokens {len(tokens)}, token_logprobs "
+                f"{len(token_logprobs)}, top_logprobs {len(tops)})",
+            )
+        ids = tuple(self._token_id(t, where, prompt.id, f"tokens[{i}]") for i, t in enumerate(tokens))
+        finish = choice.get("finish_reason")
+        n, asked = len(ids), prompt.max_tokens
+        if finish not in ("stop", "length"):
+            self._fail(
+                where, prompt.id, f"finish_reason {finish!r} after {n} of {asked} tokens (expected stop or length)"
+            )
+        if n > asked:
+            self._fail(where, prompt.id, f"returned {n} tokens, more than the {asked} asked for")
+        if n < asked and finish != "stop":
+            self._fail(
+                where,
+                prompt.id,
+                f"returned {n} of {asked} tokens with finish_reason {finish!r}; a short answer must end with 'stop'",
+            )
+        top_lists = [self._top_list(tops[i], ids[i], token_logprobs[i], top_k, where, prompt.id, i) for i in range(n)]
+        return PromptRecord(
+            id=prompt.id,
+            prompt_token_ids=tuple(prompt.prompt_token_ids),
+            token_ids=ids,
+            top_logprobs=top_lists if top_k > 0 else None,
+            finish_reason=finish,
+            prompt=prompt.prompt,
+        )
+
+    def _prefill(self, prompt_ids: tuple[int, ...], oracle_ids: tuple[int, ...], top_k: int) -> ForcedDecode:
+        where = f"{self.endpoint.display}/completions"
+        if not prompt_ids:
+            raise ForcedDecodeUnavailable(f"{where}: prefill needs a non-empty prompt (the first token has no logprob)")
+        if not oracle_ids:
+            return ForcedDecode(token_ids=(), top_logprobs=[] if top_k > 0 else None, mode="prefill")
+        sent = prompt_ids + oracle_ids
+        k = self._logprobs_for(top_k)
+        body = self._body(sent, 1, k, echo=True)
+        try:
+            obj = self._post("/completions", body)
+        except EngineError as exc:
+            if isinstance(exc, ServerError) and exc.status == 400:
+                raise ForcedDecodeUnavailable(f"{exc} (echo with logprobs refused: no prefill forced data)") from None
+            raise
+        choice = self._choice(obj, where, None)
+        start = len(prompt_ids)
+        # The standard echo answer first (its echoed ids prove the prompt was not
+        # re-tokenised); vLLM's own prompt_logprobs field carries the same numbers.
+        rows = self._echo_rows(choice, sent, where)
+        if rows is None:
+            rows = _prompt_logprob_rows(choice, len(sent))
+        if rows is None:
+            raise ForcedDecodeUnavailable(
+                f"{where}: the server returned no prompt logprobs for echo=true with logprobs; "
+                "prefill forced data is unavailable"
+            )
+        greedy: list[int] = []
+        lists = []
+        for i, oracle_token in enumerate(oracle_ids):
+            row = rows[start + i]
+            if not row:
+                raise ForcedDecodeUnavailable(f"{where}: no prompt logprobs at prompt position {start + i}")
+            pairs = self._sorted_pairs(row.items(), where, None, start + i)
+            greedy.append(pairs[0][0])  # torch.argmax order: highest logprob, then lowest id
+            lists.append(_keep_top(pairs, oracle_token, top_k))
+        return ForcedDecode(token_ids=tuple(greedy), top_logprobs=lists if top_k > 0 else None, mode="prefill")
+
+    def _echo_rows(
+        self, choice: Mapping[str, Any], sent: Sequence[int], where: str
+    ) -> list[dict[Any, Any] | None] | None:
+        """Prompt logprobs from the standard `echo` answer (the prompt's tokens come first), or None."""
+        lp = choice.get("logprobs")
+        tokens = lp.get("tokens") if isinstance(lp, dict) else None
+        tops = lp.get("top_logprobs") if isinstance(lp, dict) else None
+        if (
+            not isinstance(tokens, list)
+            or not isinstance(tops, list)
+            or len(tokens) < len(sent)
+            or len(tops) < len(sent)
+        ):
+            return None
+        echoed = [self._token_id(t, where, None, f"tokens[{i}]") for i, t in enumerate(tokens[: len(sent)])]
+        if echoed != list(sent):
+            j = next(i for i, (a, b) in enumerate(zip(echoed, sent, strict=True)) if a != b)
+            raise EngineError(
+                f"{where}: the echoed prompt differs from the one sent at index {j} "
+                f"(sent {sent[j]}, echoed {echoed[j]}): the server re-tokenised the prompt"
+            )
+        rows: list[dict[Any, Any] | None] = []
+        for i, top in enumerate(tops[: len(sent)]):
+            if top is None:
+                rows.append(None)
+            elif isinstance(top, dict):
+                rows.append({self._token_id(key, where, None, f"top_logprobs[{i}]"): v for key, v in top.items()})
+            else:
+                self._fail(where, None, f"logprobs.top_logprobs[{i}] is not an object")
+        return rows
+
+    # ----------------------------------------------------------------- parsing
+
+    def _choice(self, obj: Any, where: str, prompt_id: str | None) -> dict[str, Any]:
+        if isinstance(obj, dict) and isinstance(obj.get("error"), (dict, str)) and "choices" not in obj:
+            self._fail(where, prompt_id, f"the server answered with an error: {_error_text(obj)}")
+        choices = obj.get("choices") if isinstance(obj, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            self._fail(where, prompt_id, "the response has no choices[0] object")
+        return choices[0]
+
+    def _token_id(self, value: Any, where: str, prompt_id: str | None, fld: str) -> int:
+        if type(value) is int and value >= 0:
+            return value
+        if isinstance(value, str):
+            m = _TOKEN_KEY.match(value)
+            if m:
+                return int(m.group(1))
+        self._fail(
+            where,
+            prompt_id,
+            f"logprobs.{fld} is {_quote(repr(value), 60)}, not 'token_id:N': the server does not honour "
+            "return_tokens_as_token_ids, and tokens keyed by decoded text collide for distinct ids, so gate "
+            "cannot recover token ids from this server (vLLM supports the flag; see docs/engines.md)",
+        )
+
+    def _sorted_pairs(
+        self, items: Iterable[tuple[Any, Any]], where: str, prompt_id: str | None, position: int
+    ) -> list[tuple[int, float]]:
+        pairs: dict[int, float] = {}
+        for key, value in items:
+            tid = key if type(key) is int else self._token_key(key, where, prompt_id, position)
+            lp = value.get("logprob") if isinstance(value, dict) else value
+            pairs[tid] = self._logprob(lp, where, prompt_id, position)
+        # Sorted as the spec's lists are: logprob descending, then token id ascending.
+        return sorted(pairs.items(), key=lambda p: (-p[1], p[0]))
+
+    def _token_key(self, key: Any, where: str, prompt_id: str | None, position: int) -> int:
+        # vLLM's own prompt_logprobs are keyed by the id as a decimal string.
+        if isinstance(key, str) and key.isdigit():
+            return int(key)
+        return self._token_id(key, where, prompt_id, f"top_logprobs[{position}]")
+
+    def _logprob(self, value: Any, where: str, prompt_id: str | None, position: int) -> float:
+        if type(value) not in (int, float) or not math.isfinite(value) or value > 0:
+            self._fail(where, prompt_id, f"position {position}: logprob {value!r} is not a finite number <= 0")
+        return float(value)
+
+    def _top_list(
+        self, top: Any, chosen: int, chosen_lp: Any, top_k: int, where: str, prompt_id: str, position: int
+    ) -> list[list[Any]]:
+        if not isinstance(top, dict):
+            self._fail(where, prompt_id, f"logprobs.top_logprobs[{position}] is not an object")
+        pairs = dict(self._sorted_pairs(top.items(), where, prompt_id, position))
+        if chosen not in pairs:
+            # Some servers list only the top k; the chosen token's own logprob is beside them.
+            pairs[chosen] = self._logprob(chosen_lp, where, prompt_id, position)
+        ordered = sorted(pairs.items(), key=lambda p: (-p[1], p[0]))
+        return _keep_top(ordered, chosen, top_k)
+
+    def _fail(self, where: str, prompt_id: str | None, problem: str) -> NoReturn:
+        about = f" (prompt {prompt_id!r})" if prompt_id is not None else ""
+        raise EngineError(self._scrub(f"{where}{about}: {problem}"))
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._secret, "[api key]") if self._secret else text
+
+    # ----------------------------------------------------------------- transport
+
+    def _map(self, fn: Callable[[PromptInput], PromptRecord], prompts: Sequence[PromptInput]) -> list[PromptRecord]:
+        if self.concurrency == 1 or len(prompts) <= 1:
+            return [fn(p) for p in prompts]
+        if self._pool is None:
+            # One pool for the engine's life, so each worker keeps its keep-alive connection.
+            self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="gate-openai")
+        futures: list[Future[PromptRecord]] = [self._pool.submit(fn, p) for p in prompts]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for fut in futures:
+            exc = fut.exception() if fut in done else None
+            if exc is not None:
+                for other in futures:
+                    other.cancel()
+                raise exc
+        return [fut.result() for fut in futures]
+
+    def _post(self, path: str, body: bytes) -> Any:
+        return self._call("POST", path, body, self.retries)
+
+    def _list_models(self) -> list[str]:
+        try:
+            obj = self._call("GET", "/models", None, 0)
+        except EngineError:
+            return []
+        data = obj.get("data") if isinstance(obj, dict) else None
+        if not isinstance(data, list):
+            return []
+        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+    def _call(self, method: str, path: str, body: bytes | None, retries: int) -> Any:
+        url = self.endpoint.display + path
+        attempts = retries + 1
+        for attempt in range(attempts):
+            try:
+                return self._attempt(method, path, body, url)
+            except _Retryable as exc:
+                if attempt + 1 >= attempts:
+                    tries = f"after {attempts} attempts" if attempts > 1 else "(retries=0)"
+                    raise EngineError(self._scrub(f"{url}: {exc.reason} {tries}")) from None
+                self._sleep(exc.wait if exc.wait is not None else self._backoff_s(attempt))
+        raise AssertionError("unreachable")
+
+    def _backoff_s(self, attempt: int) -> float:
+        # Exponential with "equal jitter": half the step fixed, half random, so that
+        # concurrent workers that failed together do not retry together.
+        step = min(MAX_BACKOFF_S, self.backoff * 2.0**attempt)
+        return step / 2 + random.uniform(0.0, step / 2)
+
+    def _attempt(self, method: str, path: str, body: bytes | None, url: str) -> Any:
+        try:
+            status, reason, headers, data = self._transport.request(method, path, body)
+        except TimeoutError:
+            raise _Retryable(f"no response within {self.timeout:g} s (--engine-opt timeout)") from None
+        except ConnectionRefusedError:
+            raise _Retryable("connection refused: is the server running and listening there?") from None
+        except (ConnectionError, http.client.HTTPException) as exc:
+            raise _Retryable(_joined(f"connection failed: {type(exc).__name__}", str(exc))) from None
+        except socket.gaierror as exc:
+            raise EngineError(self._scrub(f"{url}: cannot resolve host {self.endpoint.host!r}: {exc}")) from None
+        except ssl.SSLError as exc:
+            raise EngineError(self._scrub(f"{url}: TLS failed: {exc}")) from None
+        except OSError as exc:
+            raise _Retryable(f"connection failed: {exc.strerror or exc}") from None
+        if status in (408, 429) or (500 <= status < 600 and status not in NO_RETRY_5XX):
+            raise _Retryable(
+                _joined(f"HTTP {status} {reason}", _error_text(_loads_or_text(data))),
+                _retry_after(headers.get("retry-after")),
+            )
+        if status >= 400:
+            detail = _error_text(_loads_or_text(data))
+            hint = ""
+            if status in (401, 403):
+                hint = (
+                    f" (check the key in ${self.api_key_env})"
+                    if self.api_key_env
+                    else " (the server wants a key: --engine-opt api_key_env=VARIABLE)"
+                )
+            elif status == 404:
+                hint = f" (is {self.served_model!r} the served model name? --engine-opt model=NAME)"
+            raise ServerError(self._scrub(_joined(f"{url}: HTTP {status} {reason}{hint}", detail)), status)
+        if 300 <= status < 400:
+            raise EngineError(
+                self._scrub(
+                    f"{url}: HTTP {status} redirect to {headers.get('location', '?')!r}: "
+                    "gate does not follow redirects (it would resend the key); "
+                    "set base_url to the final address"
+                )
+            )
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise EngineError(
+                self._scrub(
+                    f"{url}: malformed JSON in the HTTP {status} response ({exc}); the body begins "
+                    f"{_quote(data.decode('utf-8', 'replace'), 80)!r}"
+                )
+            ) from None
+
+
+def _prompt_logprob_rows(choice: Mapping[str, Any], n: int) -> list[dict[Any, Any] | None] | None:
+    """vLLM's own `prompt_logprobs` (ids as keys, {"logprob", "rank", ...} as values), if sent."""
+    rows = choice.get("prompt_logprobs")
+    if not isinstance(rows, list) or len(rows) < n:
+        return None
+    if not all(r is None or isinstance(r, dict) for r in rows):
+        return None
+    return rows
+
+
+def _keep_top(pairs: Sequence[tuple[int, float]], chosen: int, top_k: int) -> list[list[Any]]:
+    """The first `top_k` pairs, plus `chosen` (after them, in order) when it falls outside."""
+    kept = [[t, lp] for t, lp in pairs[: max(top_k, 1)]]
+    if all(t != chosen for t, _ in kept):
+        kept.extend([t, lp] for t, lp in pairs if t == chosen)
+    return kept
+
+
+def _parse_extra_body(raw: Any) -> dict[str, Any]:
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return dict(raw)
+    try:
+        obj = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"--engine-opt extra_body: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise InputError("--engine-opt extra_body: expected a JSON object")
+    return obj
+
+
+def _loads_or_text(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data.decode("utf-8", "replace")
+
+
+def _error_text(obj: Any) -> str:
+    """The message of an OpenAI-style error body ({"error": {"message": ...}}), else the body."""
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail") or json.dumps(err)
+        else:
+            msg = obj.get("message") or obj.get("detail") or err
+        return _quote(str(msg), QUOTE_CHARS)
+    return _quote(str(obj), QUOTE_CHARS)
+
+
+def _joined(head: str, detail: str) -> str:
+    return f"{head}: {detail}" if detail else head
+
+
+def _quote(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), capped."""
+    if not value:
+        return None
+    try:
+        secs = float(value)
+    except ValueError:
+        try:
+            secs = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError):
+            return None
+    if not math.isfinite(secs):
+        return None
+    return min(max(secs, 0.0), MAX_RETRY_AFTER_S)

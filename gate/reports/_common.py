@@ -1,0 +1,154 @@
+"""Wording and number formats the renderers share, so every report says the same thing."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+
+from gate.core.adjudicate import (
+    DEFECT,
+    EXACT_TIE,
+    FORCED,
+    NEAR_TIE,
+    RATIFIED_PASS,
+    STRICT_PASS,
+    Divergence,
+    GateResult,
+    PromptResult,
+)
+
+# The one-line reason an exact tie can split two honest engines.
+TIE_BREAK_RULE = "torch.argmax and vLLM take the lowest id among equal maxima"
+
+CLASS_LABELS = {EXACT_TIE: "exact tie", NEAR_TIE: "near tie", DEFECT: "defect"}
+CLASS_PLURALS = {EXACT_TIE: "exact ties", NEAR_TIE: "near ties", DEFECT: "defects"}
+VERDICT_LABELS = {STRICT_PASS: "strict pass", RATIFIED_PASS: "ratified pass", "fail": "fail"}
+
+
+def fmt_mnats(x: float | None) -> str:
+    """A gap in mnats. A tiny non-zero gap never prints as 0.0, which would read as a tie."""
+    if x is None:
+        return "—"
+    if x == 0.0:
+        return "0.0"
+    if abs(x) < 0.05:
+        return f"{x:.2e}"
+    return f"{x:,.1f}"
+
+
+def fmt_logprob(x: float | None) -> str:
+    """Every digit (repr), so two bit-identical logprobs are visibly identical."""
+    return "—" if x is None else repr(float(x))
+
+
+def fmt_ulps(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def quote(text: str) -> str:
+    """Token text in double quotes with control characters escaped (`"\\n"`, `"\\u0000"`)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def token_label(token: int | None, text: str | None) -> str:
+    if token is None:
+        return "none (stopped early)"
+    return f"{token} {quote(text)}" if text is not None else str(token)
+
+
+def source_label(d: Divergence) -> str:
+    if d.source == FORCED:
+        return f"forced ({d.forced_mode})" if d.forced_mode else "forced"
+    return "free run"
+
+
+def gap_label(d: Divergence) -> str:
+    """`oracle − candidate` in mnats, or the lower bound when the candidate is outside the top-k."""
+    if d.oracle_minus_candidate_mnats is not None:
+        return fmt_mnats(d.oracle_minus_candidate_mnats)
+    if d.gap_lower_bound_mnats is not None:
+        return f"≥ {fmt_mnats(d.gap_lower_bound_mnats)}"
+    return "—"
+
+
+def tie_break_line(d: Divergence) -> str:
+    """`higher_id: the candidate took 1445, the oracle 464; torch.argmax and vLLM take ...`."""
+    return f"{d.tie_break}: the candidate took {d.candidate_token}, the oracle {d.oracle_token}; {TIE_BREAK_RULE}"
+
+
+def why(d: Divergence, near_tie_mnats: float, *, with_rule: bool = True) -> str:
+    """One sentence: why this divergence has its class (and, for an exact tie, the tie-break rule)."""
+    if d.cls == EXACT_TIE:
+        direction = "higher" if d.tie_break == "higher_id" else "lower"
+        rule = f"; {TIE_BREAK_RULE}" if with_rule else ""
+        return (
+            f"exact tie: both logprobs are {fmt_logprob(d.oracle_logprob)} bit for bit; the candidate took the "
+            f"{direction} id{rule}"
+        )
+    if d.cls == NEAR_TIE:
+        ulps = f" ({fmt_ulps(d.gap_ulps)} grid steps)" if d.gap_ulps is not None else ""
+        return (
+            f"near tie: the candidate's token is {fmt_mnats(d.oracle_minus_candidate_mnats)} mnats{ulps} below the "
+            f"oracle's, within the {fmt_mnats(near_tie_mnats)}-mnat threshold"
+        )
+    if d.candidate_token is None:
+        return "defect: the candidate stopped before the oracle's continuation ended"
+    if d.oracle_minus_candidate_mnats is None:
+        return (
+            f"defect: the candidate's token {d.candidate_token} is not in the oracle's top-k; it is at least "
+            f"{fmt_mnats(d.gap_lower_bound_mnats)} mnats below the oracle's"
+        )
+    return (
+        f"defect: the candidate's token is {fmt_mnats(d.oracle_minus_candidate_mnats)} mnats below the oracle's, "
+        f"above the {fmt_mnats(near_tie_mnats)}-mnat threshold"
+    )
+
+
+def class_counts(divergences: Iterable[Divergence]) -> str:
+    """`1 exact tie, 2 defects`; empty when there are none."""
+    counts = Counter(d.cls for d in divergences)
+    parts = []
+    for cls in (EXACT_TIE, NEAR_TIE, DEFECT):
+        n = counts.get(cls, 0)
+        if n:
+            parts.append(f"{n} {CLASS_LABELS[cls] if n == 1 else CLASS_PLURALS[cls]}")
+    return ", ".join(parts)
+
+
+def by_prompt(result: GateResult) -> dict[str, list[Divergence]]:
+    out: dict[str, list[Divergence]] = {p.id: [] for p in result.prompts}
+    for d in result.divergences:
+        out.setdefault(d.prompt_id, []).append(d)
+    return out
+
+
+def prompt_status(p: PromptResult) -> str:
+    if p.strict:
+        return "strict"
+    return "ratified" if p.ratified else "failed"
+
+
+def verdict_line(result: GateResult) -> str:
+    """`verdict: ratified pass (exit 0)`, with the reason under --strict."""
+    v = result.verdict
+    note = " under --strict" if v == RATIFIED_PASS and result.doctrine.strict else ""
+    return f"verdict: {VERDICT_LABELS.get(v, v)} (exit {result.exit_code}{note})"
+
+
+def doctrine_line(result: GateResult) -> str:
+    d = result.doctrine
+    parts = [f"near ties up to {fmt_mnats(d.near_tie_mnats)} mnats"]
+    if d.near_tie_ulps is not None:
+        parts.append(f"or {d.near_tie_ulps:g} {d.dtype or 'bfloat16'} grid steps")
+    parts.append("strict" if d.strict else "ratified passes allowed")
+    return "doctrine: " + ", ".join(parts)
+
+
+def provenance_line(result: GateResult) -> str:
+    parts = []
+    if result.model:
+        parts.append(f"model {result.model}")
+    if result.oracle_engine or result.candidate_engine:
+        parts.append(f"oracle {result.oracle_engine or '?'} vs candidate {result.candidate_engine or '?'}")
+    return "; ".join(parts)

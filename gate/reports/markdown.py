@@ -1,0 +1,125 @@
+"""Markdown report, fit for a CI job summary (GitHub's `GITHUB_STEP_SUMMARY`).
+
+Pure: `render_markdown(result) -> str`. Token text and prompt ids are escaped so a `|`,
+a backtick or a newline in them cannot break a table.
+"""
+
+from __future__ import annotations
+
+from gate.core.adjudicate import EXACT_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
+from gate.reports._common import (
+    CLASS_LABELS,
+    TIE_BREAK_RULE,
+    VERDICT_LABELS,
+    by_prompt,
+    class_counts,
+    doctrine_line,
+    fmt_logprob,
+    fmt_mnats,
+    gap_label,
+    provenance_line,
+    source_label,
+    token_label,
+    verdict_line,
+)
+
+VERDICT_ICONS = {STRICT_PASS: "✅", RATIFIED_PASS: "☑️", "fail": "❌"}
+CLASS_ICONS = {EXACT_TIE: "🟦", "near_tie": "🟨", "defect": "🟥"}
+# Past these the tables fold into <details>, so a job summary stays short.
+OPEN_ROWS = 25
+
+
+def cell(text: str) -> str:
+    """One table cell: pipes, backticks, HTML and newlines escaped."""
+    out = (
+        text.replace("\\", "\\\\")
+        .replace("|", "\\|")
+        .replace("`", "\\`")
+        .replace("<", "&lt;")
+        .replace(">", "&gt;")
+        .replace("*", "\\*")
+        .replace("_", "\\_")
+    )
+    return out.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def render_markdown(result: GateResult) -> str:
+    verdict = result.verdict
+    lines = [
+        f"## {VERDICT_ICONS.get(verdict, '')} gate: {VERDICT_LABELS.get(verdict, verdict)}",
+        "",
+        f"**{cell(result.summary)}**",
+        "",
+        f"{cell(verdict_line(result))} · {cell(doctrine_line(result))}"
+        + (f" · {cell(provenance_line(result))}" if provenance_line(result) else ""),
+        "",
+    ]
+    lines += _prompt_table(result)
+    if result.divergences:
+        lines += _divergence_table(result)
+        ties = [d for d in result.divergences if d.cls == EXACT_TIE]
+        if ties:
+            lines += ["", f"Exact ties: the logprobs are equal bit for bit; {TIE_BREAK_RULE}."]
+    return "\n".join(lines) + "\n"
+
+
+def _fold(rows: list[str], header: list[str], summary: str) -> list[str]:
+    if len(rows) <= OPEN_ROWS:
+        return [*header, *rows]
+    return [
+        *header,
+        *rows[:OPEN_ROWS],
+        "",
+        f"<details><summary>{summary}</summary>",
+        "",
+        *header,
+        *rows[OPEN_ROWS:],
+        "",
+        "</details>",
+    ]
+
+
+def _prompt_table(result: GateResult) -> list[str]:
+    groups = by_prompt(result)
+    listed = [p for p in result.prompts if not p.strict]
+    strict = len(result.prompts) - len(listed)
+    out = ["### Prompts", ""]
+    if not listed:
+        return [*out, f"All {strict} prompts strict.", ""]
+    header = ["| prompt | strict | ratified | positions matched | first divergence | classified |",
+              "|---|:-:|:-:|--:|--:|---|"]
+    rows = []
+    for p in listed:
+        note = class_counts(groups.get(p.id, []))
+        if p.unadjudicated:
+            note = f"{note}; {p.unadjudicated} unadjudicated" if note else f"{p.unadjudicated} unadjudicated"
+        rows.append(
+            f"| {cell(p.id)} | {'yes' if p.strict else 'no'} | {'yes' if p.ratified else '**no**'} "
+            f"| {p.positions_matched}/{p.positions} | {p.first_divergence} | {cell(note) or '—'} |"
+        )
+    out += _fold(rows, header, f"{len(rows) - OPEN_ROWS} more prompts")
+    if strict:
+        out += ["", f"{strict} other prompt{'s' if strict != 1 else ''} strict (not listed)."]
+    return [*out, ""]
+
+
+def _divergence_row(d: Divergence) -> str:
+    cls = f"{CLASS_ICONS.get(d.cls, '')} {CLASS_LABELS.get(d.cls, d.cls)}"
+    return (
+        f"| {cell(d.prompt_id)} | {d.position} | {cell(source_label(d))} | {cls} "
+        f"| {cell(token_label(d.oracle_token, d.oracle_text))} "
+        f"| {cell(token_label(d.candidate_token, d.candidate_text))} "
+        f"| {cell(fmt_logprob(d.oracle_logprob))} | {cell(fmt_logprob(d.candidate_logprob))} "
+        f"| {cell(gap_label(d))} | {cell(fmt_mnats(d.top2_gap_mnats))} "
+        f"| {'—' if d.candidate_rank is None else d.candidate_rank} | {d.tie_break or '—'} |"
+    )
+
+
+def _divergence_table(result: GateResult) -> list[str]:
+    header = [
+        "| prompt | position | source | class | oracle | candidate | oracle logprob | candidate logprob "
+        "| oracle − candidate (mnats) | top-2 gap (mnats) | rank | tie-break |",
+        "|---|--:|---|---|---|---|--:|--:|--:|--:|--:|---|",
+    ]
+    rows = [_divergence_row(d) for d in result.divergences]
+    return ["### Divergences", "", *_fold(rows, header, f"{len(rows) - OPEN_ROWS} more divergences")]

@@ -1,0 +1,218 @@
+"""The rich terminal report: a table of prompts, then one panel per divergence laid out for
+adjudication, then the spec's summary line and the verdict.
+
+`print_report(result, console)` prints; `render_text(result)` is the same report as plain
+text at a fixed width (for `--output` and pipes).
+"""
+
+from __future__ import annotations
+
+import io
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from gate.core.adjudicate import DEFECT, EXACT_TIE, NEAR_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
+from gate.reports._common import (
+    CLASS_LABELS,
+    by_prompt,
+    class_counts,
+    doctrine_line,
+    fmt_logprob,
+    fmt_mnats,
+    fmt_ulps,
+    gap_label,
+    provenance_line,
+    quote,
+    source_label,
+    tie_break_line,
+    token_label,
+    verdict_line,
+    why,
+)
+
+CLASS_STYLES = {EXACT_TIE: "bold cyan", NEAR_TIE: "bold yellow", DEFECT: "bold red"}
+VERDICT_STYLES = {STRICT_PASS: "bold green", RATIFIED_PASS: "bold cyan", "fail": "bold red"}
+# Past these, the report stays readable: full panels for the first divergences, one table
+# row for each of the rest; strict prompts are counted rather than listed.
+MAX_PANELS = 12
+MAX_PROMPT_ROWS = 40
+TEXT_WIDTH = 100
+
+
+def print_report(
+    result: GateResult,
+    console: Console,
+    *,
+    max_panels: int = MAX_PANELS,
+    max_prompt_rows: int = MAX_PROMPT_ROWS,
+) -> None:
+    for part in report_parts(result, max_panels=max_panels, max_prompt_rows=max_prompt_rows):
+        console.print(part)
+
+
+def render_text(result: GateResult, *, width: int = TEXT_WIDTH) -> str:
+    """The terminal report as plain text: fixed width, no colour, no terminal codes."""
+    buf = io.StringIO()
+    console = Console(
+        file=buf,
+        width=width,
+        color_system=None,
+        force_terminal=False,
+        highlight=False,
+        emoji=False,
+        soft_wrap=False,
+    )
+    print_report(result, console)
+    return buf.getvalue()
+
+
+def report_parts(
+    result: GateResult, *, max_panels: int = MAX_PANELS, max_prompt_rows: int = MAX_PROMPT_ROWS
+) -> list[RenderableType]:
+    parts: list[RenderableType] = []
+    head = Text("gate compare", style="bold")
+    prov = provenance_line(result)
+    if prov:
+        head.append(f"  {prov}", style="dim")
+    parts.append(head)
+    parts.append(Text(doctrine_line(result), style="dim"))
+    parts.append(prompt_table(result, max_rows=max_prompt_rows))
+    divs = list(result.divergences)
+    if divs:
+        prompts = {p.id: p.prompt for p in result.prompts}
+        shown = divs[:max_panels]
+        parts.append(Text(f"Divergences ({len(divs)}; one panel each for the first {len(shown)})"
+                          if len(divs) > len(shown) else f"Divergences ({len(divs)})", style="bold"))
+        for d in shown:
+            parts.append(divergence_panel(d, prompts.get(d.prompt_id), result.doctrine.near_tie_mnats))
+        if len(divs) > len(shown):
+            parts.append(divergence_table(divs[len(shown):], title=f"The other {len(divs) - len(shown)} divergences"))
+    parts.append(Text(result.summary, style="bold"))
+    parts.append(Text(verdict_line(result), style=VERDICT_STYLES.get(result.verdict, "bold")))
+    return parts
+
+
+def _mark(ok: bool) -> Text:
+    return Text("yes", style="green") if ok else Text("no", style="red")
+
+
+def prompt_table(result: GateResult, *, max_rows: int = MAX_PROMPT_ROWS) -> Table:
+    groups = by_prompt(result)
+    rows = list(result.prompts)
+    hidden = 0
+    if len(rows) > max_rows:
+        # Many prompts: list those that diverged; strict ones are only counted.
+        diverged = [p for p in rows if not p.strict]
+        hidden = len(rows) - min(len(diverged), max_rows)
+        rows = diverged[:max_rows]
+    table = Table(title="Prompts", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("id", overflow="fold")
+    table.add_column("strict")
+    table.add_column("ratified")
+    table.add_column("positions matched", justify="right")
+    table.add_column("first divergence", justify="right")
+    table.add_column("classified")
+    for p in rows:
+        classified = class_counts(groups.get(p.id, []))
+        unadj = f"{p.unadjudicated} unadjudicated" if p.unadjudicated else ""
+        note = "; ".join(x for x in (classified, unadj) if x)
+        table.add_row(
+            Text(p.id),
+            _mark(p.strict),
+            _mark(p.ratified),
+            f"{p.positions_matched}/{p.positions}",
+            "—" if p.first_divergence is None else str(p.first_divergence),
+            Text(note or "—", style="red" if not p.ratified else ""),
+        )
+    if hidden:
+        table.caption = f"{hidden} more prompts not listed ({len(result.prompts)} in all; every one not listed is strict)"
+        table.caption_justify = "left"
+    return table
+
+
+def divergence_panel(d: Divergence, prompt: str | None, near_tie_mnats: float) -> Panel:
+    cls_style = CLASS_STYLES.get(d.cls, "bold")
+    title = Text.assemble(
+        (f" {d.prompt_id}", "bold"),
+        f" · position {d.position} · {source_label(d)} · ",
+        (f" {CLASS_LABELS.get(d.cls, d.cls).upper()} ", f"{cls_style} reverse"),
+        " ",
+    )
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(overflow="fold")
+    if prompt is not None:
+        grid.add_row("prompt", Text(quote(prompt)))
+    grid.add_row("oracle", Text.assemble((token_label(d.oracle_token, d.oracle_text), "bold"),
+                                         f"   logprob {fmt_logprob(d.oracle_logprob)}"))
+    cand = Text(token_label(d.candidate_token, d.candidate_text), style="bold")
+    if d.candidate_logprob is not None:
+        cand.append(f"   logprob {fmt_logprob(d.candidate_logprob)}")
+        if d.cls == EXACT_TIE:
+            cand.append("   = bit for bit", style=cls_style)
+    if d.candidate_rank is not None:
+        cand.append(f"   rank {d.candidate_rank} in the oracle's top-k")
+    elif d.candidate_token is not None:
+        cand.append("   not in the oracle's top-k", style="red")
+    grid.add_row("candidate", cand)
+    gaps = Text(f"oracle − candidate {gap_label(d)} mnats")
+    if d.gap_ulps is not None:
+        step = f" of {fmt_mnats(d.ulp_mnats)} mnats" if d.ulp_mnats is not None else ""
+        gaps.append(f" ({fmt_ulps(d.gap_ulps)} grid steps{step})")
+    gaps.append(f";  top-2 gap {fmt_mnats(d.top2_gap_mnats)} mnats")
+    grid.add_row("gaps", gaps)
+    verdict = "fails the prompt" if d.cls == DEFECT else "ratified"
+    grid.add_row("class", Text(f"{why(d, near_tie_mnats, with_rule=False)} — {verdict}", style=cls_style))
+    if d.tie_break is not None:
+        grid.add_row("tie-break", Text(tie_break_line(d)))
+    if d.alternatives:
+        grid.add_row("oracle top", _alternatives(d))
+    return Panel(grid, title=title, title_align="left", border_style=cls_style.replace("bold ", ""), expand=True)
+
+
+def _alternatives(d: Divergence) -> Table:
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="dim")
+    table.add_column("#", justify="right")
+    table.add_column("token", overflow="fold")
+    table.add_column("logprob", justify="right")
+    table.add_column("below top (mnats)", justify="right")
+    table.add_column("")
+    top_lp = d.alternatives[0][1]
+    for rank, (tid, lp, text) in enumerate(d.alternatives, start=1):
+        mark = ""
+        style = ""
+        if tid == d.oracle_token:
+            mark, style = "oracle", "bold"
+        elif tid == d.candidate_token:
+            mark, style = "candidate", CLASS_STYLES.get(d.cls, "bold")
+        table.add_row(str(rank), token_label(tid, text), fmt_logprob(lp), fmt_mnats(1000.0 * (top_lp - lp)),
+                      Text(mark, style=style))
+    return table
+
+
+def divergence_table(divs: list[Divergence], *, title: str = "Divergences") -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, justify in (
+        ("prompt", "left"), ("pos", "right"), ("source", "left"), ("class", "left"), ("oracle", "left"),
+        ("candidate", "left"), ("o − c mnats", "right"), ("top-2 gap", "right"), ("rank", "right"),
+        ("tie-break", "left"),
+    ):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for d in divs:
+        table.add_row(
+            d.prompt_id,
+            str(d.position),
+            source_label(d),
+            Text(CLASS_LABELS.get(d.cls, d.cls), style=CLASS_STYLES.get(d.cls, "")),
+            token_label(d.oracle_token, d.oracle_text),
+            token_label(d.candidate_token, d.candidate_text),
+            gap_label(d),
+            fmt_mnats(d.top2_gap_mnats),
+            "—" if d.candidate_rank is None else str(d.candidate_rank),
+            d.tie_break or "—",
+        )
+    return table

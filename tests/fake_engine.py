@@ -1,0 +1,180 @@
+"""A fake engine for the runner and CLI tests: a toy language model behind the Engine
+contract, with a call history (in the manner of simonw/llm's test fakes).
+
+The toy model's logits at a context are a pure function of (seed, context), on a grid of
+0.25 so that exact ties happen: at about one position in four the two leading tokens
+get the very same logit, and so bit-identical logprobs. It breaks ties toward the lowest
+id, as `torch.argmax` does, unless built with `tie_break=highest` (the mutation the gate
+must report as exact ties with tie_break "higher_id").
+
+Options (`--engine-opt key=value`, all strings as the CLI gives them):
+  seed            int, which toy model (default 0)
+  tie_break       lowest | highest
+  bias_token      a token id whose logit gets `bias` added everywhere (default -1: none)
+  bias            float, in nats (a large one makes defects, a small one near ties)
+  fail            load | generate | force: raise RuntimeError there (an engine crash)
+  weights_sha256  what info() reports (default "toy-weights-0")
+  tokenizer       same | drift (one prompt token differs) | none (cannot tokenize)
+  forced          decode | unavailable (force raises ForcedDecodeUnavailable)
+  batch_size      prompts per generate call the runner should use (default: unset)
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from gate.core.trace import PromptRecord
+from gate.engines.base import ForcedDecode, PromptInput, parse_options
+from gate.engines.openai import ForcedDecodeUnavailable
+
+VOCAB = 40
+BOS = 1
+EOS = 2
+REGISTRY_NAME = "fake"
+
+OPTIONS: dict[str, tuple[type, Any]] = {
+    "seed": (int, 0),
+    "dtype": (str, "toy"),
+    "tie_break": (str, "lowest"),
+    "bias_token": (int, -1),
+    "bias": (float, 0.0),
+    "fail": (str, ""),
+    "weights_sha256": (str, "toy-weights-0"),
+    "tokenizer_sha256": (str, "toy-tokenizer-0"),
+    "tokenizer": (str, "same"),
+    "forced": (str, "decode"),
+    "batch_size": (int, -1),
+}
+
+
+def toy_logits(seed: int, context: Sequence[int]) -> list[float]:
+    """Logits on a 0.25 grid; in about a quarter of contexts two tokens lead exactly tied."""
+    key = zlib.crc32(bytes(str((seed, tuple(context))), "ascii"))
+    rng = _Lcg(key)
+    logits = [rng.next() % 9 * 0.25 for _ in range(VOCAB)]
+    lead = 3 + rng.next() % (VOCAB - 3)  # never BOS/EOS/0, so runs stay full length
+    logits[lead] += 3.0
+    if rng.next() % 4 == 0:
+        other = 3 + rng.next() % (VOCAB - 3)
+        if other != lead:
+            logits[other] = logits[lead]
+    return logits
+
+
+class _Lcg:
+    def __init__(self, seed: int) -> None:
+        self.state = seed or 1
+
+    def next(self) -> int:
+        self.state = (1103515245 * self.state + 12345) % (1 << 31)
+        return self.state >> 8
+
+
+def log_softmax(logits: Sequence[float]) -> list[float]:
+    top = max(logits)
+    norm = top + math.log(sum(math.exp(v - top) for v in logits))
+    return [v - norm for v in logits]
+
+
+class FakeEngine:
+    """The toy model as an engine. `FakeEngine.history` records every call, in order."""
+
+    name = "fake"
+    history: ClassVar[list[tuple[str, Any]]] = []
+
+    def __init__(self, model: str, **options: Any) -> None:
+        opts = parse_options(self.name, options, OPTIONS)
+        FakeEngine.history.append(("load", (model, dict(options))))
+        if opts["fail"] == "load":
+            raise RuntimeError("toy model failed to load")
+        self.model = model
+        self.opts = opts
+        if opts["batch_size"] >= 0:
+            self.batch_size = opts["batch_size"]
+
+    # ------------------------------------------------------------------ the contract
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": "1.0",
+            "device": "cpu",
+            "dtype": "toy",
+            "seed": self.opts["seed"],
+            "weights_sha256": self.opts["weights_sha256"],
+            "tokenizer_sha256": self.opts["tokenizer_sha256"],
+        }
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        FakeEngine.history.append(("generate", [p.id for p in prompts]))
+        if self.opts["fail"] == "generate":
+            raise RuntimeError("toy model crashed in generate")
+        out = []
+        for p in prompts:
+            ids: list[int] = []
+            tops = []
+            for _ in range(p.max_tokens):
+                choice, top = self._step([*p.prompt_token_ids, *ids], top_k)
+                ids.append(choice)
+                tops.append(top)
+            out.append(
+                PromptRecord(
+                    id=p.id,
+                    prompt_token_ids=tuple(p.prompt_token_ids),
+                    token_ids=tuple(ids),
+                    top_logprobs=tops if top_k > 0 else None,
+                    finish_reason="length",
+                    prompt=p.prompt,
+                )
+            )
+        return out
+
+    def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
+        FakeEngine.history.append(("force", (tuple(prompt_token_ids), len(token_ids))))
+        if self.opts["fail"] == "force":
+            raise RuntimeError("toy model crashed in force")
+        if self.opts["forced"] == "unavailable":
+            raise ForcedDecodeUnavailable("toy server: no prompt logprobs")
+        chosen = []
+        tops = []
+        for i in range(len(token_ids)):
+            choice, top = self._step([*prompt_token_ids, *token_ids[:i]], top_k)
+            chosen.append(choice)
+            tops.append(top)
+        return ForcedDecode(token_ids=tuple(chosen), top_logprobs=tops, mode="decode")
+
+    def encode(self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None) -> tuple[int, ...] | None:
+        if self.opts["tokenizer"] == "none":
+            return None
+        if messages is not None:
+            text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+        assert text is not None
+        ids = [BOS, *(3 + ord(c) % (VOCAB - 3) for c in text)]
+        if self.opts["tokenizer"] == "drift" and len(ids) > 2:
+            ids[2] = 3 + (ids[2] - 3 + 1) % (VOCAB - 3)
+        return tuple(ids)
+
+    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
+        return [f"<t{int(t)}>" for t in ids]
+
+    def close(self) -> None:
+        FakeEngine.history.append(("close", None))
+
+    # ------------------------------------------------------------------ the toy model
+
+    def _step(self, context: Sequence[int], top_k: int) -> tuple[int, list[list[Any]]]:
+        logits = toy_logits(self.opts["seed"], context)
+        if 0 <= self.opts["bias_token"] < VOCAB:
+            logits[self.opts["bias_token"]] += self.opts["bias"]
+        best = max(logits)
+        tied = [i for i, v in enumerate(logits) if v == best]
+        # torch.argmax's rule: the lowest index among equal maxima; `highest` is the mutation.
+        choice = tied[-1] if self.opts["tie_break"] == "highest" else tied[0]
+        lps = log_softmax(logits)
+        order = sorted(range(VOCAB), key=lambda t: (-lps[t], t))[: max(top_k, 1)]
+        if choice not in order:
+            order.append(choice)
+        return choice, [[t, lps[t]] for t in sorted(order, key=lambda t: (-lps[t], t))]

