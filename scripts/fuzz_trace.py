@@ -219,12 +219,12 @@ class Fuzz:
             sys.stderr.flush()
             self.exit(1)
         now = time.monotonic()
-        if now >= self._next_report:
-            self._next_report = now + 10
-            self.report(final=False)
         if now >= self.deadline:
             self.report(final=True)
             self.exit(0)
+        if now >= self._next_report:
+            self._next_report = now + 10
+            self.report(final=False)
 
     def exit(self, code: int) -> None:
         # libFuzzer never returns to Python: leave now, tidying up by hand.

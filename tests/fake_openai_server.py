@@ -185,8 +185,12 @@ class FakeOpenAIServer:
         if k is not None:
             positions = [[*prompt, *generated[:i]] for i in range(len(generated))]
             tokens = [self._key(t) for t in generated]
-            token_lps = [self.model.logprob(ctx, t) for ctx, t in zip(positions, generated, strict=True)]
-            tops = [self._top_map(ctx, t, int(k)) for ctx, t in zip(positions, generated, strict=True)]
+            token_lps: list[float | None] = [
+                self.model.logprob(ctx, t) for ctx, t in zip(positions, generated, strict=True)
+            ]
+            tops: list[dict[str, float] | None] = [
+                self._top_map(ctx, t, int(k)) for ctx, t in zip(positions, generated, strict=True)
+            ]
             if echo and self.prompt_logprobs in ("echo", "field"):
                 rows: list[dict[str, Any] | None] = [None]
                 for i in range(1, len(prompt)):

@@ -72,6 +72,14 @@ def test_refuses_a_directory(tmp_path: Path) -> None:
         atomic_write(tmp_path, b"x", overwrite=True)
 
 
+def test_a_place_that_cannot_hold_files_is_an_input_error(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_bytes(b"")
+    with pytest.raises(InputError, match=r"plain/out\.json: cannot write there: a part of .*plain is a file, not"):
+        atomic_write(tmp_path / "plain" / "out.json", b"x")
+    with pytest.raises(InputError, match=r"cannot write there"):
+        atomic_write(tmp_path / "plain" / "sub" / "out.json", b"x")
+
+
 def test_a_file_that_appears_meanwhile_is_not_clobbered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Another process creates the target after the existence check: without overwrite,
     # its file must survive and this write must fail.
@@ -329,12 +337,15 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     assert probe.read_bytes() == NEW
 
     outcomes = {OLD: 0, NEW: 0}
-    for i in range(40):
+    kills = 32
+    for i in range(kills):
         target = tmp_path / f"pin{i}.jsonl"
         target.write_bytes(OLD)
         backup = i % 2 == 0
         pid, r = _spawn(target, backup=backup, hang_at=None, pause=pause)
-        time.sleep(rnd.uniform(0.0, whole * 1.15))
+        # One random moment in each of `kills` equal slices of 1.5 times the whole write:
+        # the kills cover every step, and some surely land after the rename.
+        time.sleep((i + rnd.random()) / kills * 1.5 * whole)
         _kill(pid, r)
         outcomes[_check_disk(target, backup=backup)] += 1
         clean_stale_temps(target)

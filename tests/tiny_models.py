@@ -105,26 +105,40 @@ def _seeded(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_tiny_llama(folder: Path, *, seed: int = 0, dtype: str = "bfloat16", tie_rows: bool = False) -> Path:
+def build_tiny_llama(
+    folder: Path,
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    tie_rows: bool = False,
+    lead_token: int | None = None,
+    lm_head_scale: float = 1.0,
+) -> Path:
     """A 2-layer LlamaForCausalLM with random weights.
 
-    With `tie_rows`, lm_head rows TIE_LOW and TIE_HIGH are bit-identical and lead at every
-    position: channel 0 of every token embedding is set large, so the final RMSNorm output
-    has a large positive channel 0 whatever the context, and both rows get a large weight
-    there. Their logits are then the same dot product of the same numbers, an exact tie.
+    - `tie_rows`: lm_head rows TIE_LOW and TIE_HIGH are bit-identical and lead at every
+      position. Channel 0 of every token embedding is set large, so the final RMSNorm
+      output has a large positive channel 0 whatever the context, and both rows get a
+      large weight there; their logits are the same dot product of the same numbers.
+    - `lead_token`: that token's row gets the large channel-0 weight alone, so it is the
+      greedy choice everywhere (e.g. EOS_ID: every generation stops at once).
+    - `lm_head_scale`: random logits are tiny (init std 0.02), so most positions of a raw
+      random model are near ties; scaling lm_head spreads them like a trained model's.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _seeded(seed)
     model = LlamaForCausalLM(LlamaConfig(**_common()))
-    if tie_rows:
-        with torch.no_grad():
+    with torch.no_grad():
+        model.lm_head.weight.mul_(lm_head_scale)
+        leaders = [TIE_LOW, TIE_HIGH] if tie_rows else [lead_token] if lead_token is not None else []
+        if leaders:
             model.model.embed_tokens.weight[:, 0] = 8.0
-            row = model.lm_head.weight[TIE_LOW].clone()
+            row = model.lm_head.weight[leaders[0]].clone()
             row[0] = 4.0
-            model.lm_head.weight[TIE_LOW] = row
-            model.lm_head.weight[TIE_HIGH] = row
+            for token in leaders:
+                model.lm_head.weight[token] = row
     return _save(model, folder, dtype)
 
 
@@ -145,10 +159,23 @@ def build_tiny_qwen3_moe(folder: Path, *, seed: int = 0, dtype: str = "bfloat16"
     return _save(Qwen3MoeForCausalLM(cfg), folder, dtype)
 
 
-def build_tiny_qwen3_5_moe(folder: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
+def build_tiny_qwen3_5_moe(
+    folder: Path,
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    lm_head_scale: float = 1.0,
+    tie_bias: float | None = None,
+) -> Path:
     """A 4-layer Qwen3_5MoeForCausalLM: 3 Gated DeltaNet layers then 1 gated-attention layer
     (Qwen3.5/3.6's hybrid pattern, `full_attention_interval` 4), 8 experts, 2 per token,
-    plus the shared expert."""
+    plus the shared expert.
+
+    `tie_bias`: lm_head rows TIE_LOW and TIE_HIGH are made identical and `tie_bias` is
+    added to every weight of both, so the pair leads (as an exact tie) at some positions
+    and not others (with lm_head_scale 20 and tie_bias 0.8: about 1 position in 5).
+    """
+    import torch
     from transformers import Qwen3_5MoeForCausalLM
     from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
@@ -165,4 +192,11 @@ def build_tiny_qwen3_5_moe(folder: Path, *, seed: int = 0, dtype: str = "bfloat1
         num_experts=8,
         num_experts_per_tok=2,
     )
-    return _save(Qwen3_5MoeForCausalLM(cfg), folder, dtype)
+    model = Qwen3_5MoeForCausalLM(cfg)
+    with torch.no_grad():
+        weight = model.lm_head.weight
+        weight.mul_(lm_head_scale)
+        if tie_bias is not None:
+            weight[TIE_LOW] += tie_bias
+            weight[TIE_HIGH] = weight[TIE_LOW]
+    return _save(model, folder, dtype)

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gate.core.adjudicate import compare
+from gate.core.adjudicate import GateResult, compare
 from gate.core.doctrine import Doctrine
 from gate.core.trace import read_trace
 
@@ -148,7 +148,7 @@ def mixed_records() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return oracle, cand
 
 
-def mixed_result(folder: Path, doctrine: Doctrine | None = None, **meta: Any):  # type: ignore[no-untyped-def]
+def mixed_result(folder: Path, doctrine: Doctrine | None = None, **meta: Any) -> GateResult:
     """`compare` over `mixed_records()`, read back from files as the CLI would."""
     o, c = write_pair(folder, *mixed_records(), name="mixed")
     result = compare(read_trace(o), read_trace(c), doctrine or Doctrine())

@@ -149,8 +149,7 @@ def selftest_command(
     from gate.cli.common import parse_engine_opts, stderr_console
     from gate.cli.run import ProgressBar, _progress_bar
     from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
-    from gate.core.selftest import run_selftest
-    from gate.core.selftest import SELFTEST_NEAR_TIE_ULPS
+    from gate.core.selftest import SELFTEST_NEAR_TIE_ULPS, run_selftest
     from gate.engines.mutants import baseline_loader, mutations
     from gate.reports.selftest import render_selftest_json, render_selftest_text, selftest_renderable
 

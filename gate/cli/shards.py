@@ -79,7 +79,8 @@ def register(app: typer.Typer) -> None:
             typer.Option("--expect-ids-from", help="Check the shards cover exactly this oracle trace's prompts."),
         ] = None,
         pins_dir: Annotated[
-            Path | None, typer.Option("--pins-dir", help="Where pins live [default: ./oracle_pins, $GATE_PINS_DIR].")
+            Path | None,
+            typer.Option("--pins-dir", help="Where pins live (default: $GATE_PINS_DIR, else ./oracle_pins)."),
         ] = None,
         force: Annotated[
             bool, typer.Option("--force", help="Replace --output if it exists, keeping a backup of it.")

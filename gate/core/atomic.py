@@ -40,9 +40,15 @@ def atomic_write(
         raise InputError(f"{target}: is a directory")
     if target.exists() and not overwrite:
         raise InputError(f"{target}: already exists; pass --force to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(target)
-    fd, tmp = _create_temp(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(target)
+        fd, tmp = _create_temp(target)
+    except PermissionError:
+        # A place one cannot write to is a bad argument (exit 2), not an infrastructure fault.
+        raise InputError(f"{target}: cannot write there: permission denied") from None
+    except (NotADirectoryError, FileExistsError):
+        raise InputError(f"{target}: cannot write there: a part of {target.parent} is a file, not a folder") from None
     kept: Path | None = None
     try:
         with os.fdopen(fd, "wb") as fh:

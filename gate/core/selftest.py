@@ -35,6 +35,9 @@ from gate.engines.base import Engine
 from gate.errors import EngineError
 
 SELFTEST_VERSION = 1
+# The self-test's grid allowance unless the person sets one: one step of the dtype's grid
+# is what honest engines drift by, so the one-step fault must come out ratified.
+SELFTEST_NEAR_TIE_ULPS = 1.0
 
 # What the gate must call a mutation's changes.
 EXPECT_EXACT_TIES = "exact_ties"  # every change an exact tie, the higher id taken (tie-break faults)
@@ -109,6 +112,8 @@ class MutantOutcome:
     # The full adjudications, for renderers that show divergences (not serialised).
     reference_result: GateResult | None = field(default=None, compare=False, repr=False)
     pin_result: GateResult | None = field(default=None, compare=False, repr=False)
+    # The mutant's trace, forced along the reference's tokens where it diverged.
+    candidate: Trace | None = field(default=None, compare=False, repr=False)
 
     @property
     def classes(self) -> str:
@@ -150,6 +155,8 @@ class SelfTestResult:
     baseline_against_pin: Verdict
     mutants: tuple[MutantOutcome, ...]
     seconds: float
+    # The unmutated engine's free run as an oracle trace (not serialised).
+    reference: Trace | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -360,6 +367,7 @@ def run_selftest(
                 seconds=time.perf_counter() - t0,
                 reference_result=r_ref,
                 pin_result=r_pin,
+                candidate=vs_ref,
             )
         )
     return SelfTestResult(
@@ -372,4 +380,5 @@ def run_selftest(
         baseline_against_pin=Verdict.of(baseline_vs_pin),
         mutants=tuple(outcomes),
         seconds=time.perf_counter() - start,
+        reference=reference,
     )

@@ -58,6 +58,10 @@ NO_RETRY_5XX = frozenset({501, 505})
 # Bodies quoted in error messages are cut to this many characters.
 QUOTE_CHARS = 300
 
+# Request keys the engine's correctness rests on; extra_body may not touch them.
+_OWNED_KEYS = frozenset(
+    {"model", "prompt", "max_tokens", "temperature", "logprobs", "echo", "n", "stream", "return_tokens_as_token_ids"}
+)
 _TOKEN_KEY = re.compile(r"token_id:(\d+)\Z")
 
 SCHEMA: dict[str, tuple[type, Any]] = {
@@ -90,9 +94,10 @@ class ServerError(EngineError):
 class _Retryable(Exception):
     """One failed attempt that another attempt may fix; `wait` is the server's Retry-After."""
 
-    def __init__(self, reason: str, wait: float | None = None) -> None:
+    def __init__(self, reason: str, detail: str = "", wait: float | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.detail = detail
         self.wait = wait
 
 
@@ -255,7 +260,6 @@ class OpenAIEngine:
         self._transport = _Transport(self.endpoint, self.timeout, headers)
         self._server_models: list[str] | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._sleep: Callable[[float], None] = time.sleep
 
     def __repr__(self) -> str:
         return f"OpenAIEngine(base_url={self.endpoint.display!r}, model={self.served_model!r})"
@@ -563,8 +567,8 @@ class OpenAIEngine:
             except _Retryable as exc:
                 if attempt + 1 >= attempts:
                     tries = f"after {attempts} attempts" if attempts > 1 else "(retries=0)"
-                    raise EngineError(self._scrub(f"{url}: {exc.reason} {tries}")) from None
-                self._sleep(exc.wait if exc.wait is not None else self._backoff_s(attempt))
+                    raise EngineError(self._scrub(_joined(f"{url}: {exc.reason} {tries}", exc.detail))) from None
+                time.sleep(exc.wait if exc.wait is not None else self._backoff_s(attempt))
         raise AssertionError("unreachable")
 
     def _backoff_s(self, attempt: int) -> float:
@@ -577,21 +581,22 @@ class OpenAIEngine:
         try:
             status, reason, headers, data = self._transport.request(method, path, body)
         except TimeoutError:
-            raise _Retryable(f"no response within {self.timeout:g} s (--engine-opt timeout)") from None
+            raise _Retryable(
+                f"no response within {self.timeout:g} s", "a slow server needs a larger --engine-opt timeout"
+            ) from None
         except ConnectionRefusedError:
-            raise _Retryable("connection refused: is the server running and listening there?") from None
+            raise _Retryable("connection refused", "is the server running and listening there?") from None
         except (ConnectionError, http.client.HTTPException) as exc:
-            raise _Retryable(_joined(f"connection failed: {type(exc).__name__}", str(exc))) from None
+            raise _Retryable(f"connection failed ({type(exc).__name__})", str(exc)) from None
         except socket.gaierror as exc:
             raise EngineError(self._scrub(f"{url}: cannot resolve host {self.endpoint.host!r}: {exc}")) from None
         except ssl.SSLError as exc:
             raise EngineError(self._scrub(f"{url}: TLS failed: {exc}")) from None
         except OSError as exc:
-            raise _Retryable(f"connection failed: {exc.strerror or exc}") from None
+            raise _Retryable("connection failed", str(exc.strerror or exc)) from None
         if status in (408, 429) or (500 <= status < 600 and status not in NO_RETRY_5XX):
             raise _Retryable(
-                _joined(f"HTTP {status} {reason}", _error_text(_loads_or_text(data))),
-                _retry_after(headers.get("retry-after")),
+                f"HTTP {status} {reason}", _error_text(_loads_or_text(data)), _retry_after(headers.get("retry-after"))
             )
         if status >= 400:
             detail = _error_text(_loads_or_text(data))
@@ -653,6 +658,9 @@ def _parse_extra_body(raw: Any) -> dict[str, Any]:
         raise InputError(f"--engine-opt extra_body: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise InputError("--engine-opt extra_body: expected a JSON object")
+    owned = sorted(set(obj) & _OWNED_KEYS)
+    if owned:
+        raise InputError(f"--engine-opt extra_body: gate sets {', '.join(owned)} itself; leave them out")
     return obj
 
 

@@ -145,16 +145,18 @@ class VLLMEngine:
         self.enforce_eager = opts["enforce_eager"] if opts["enforce_eager"] is not None else self.on_cpu
         self.llm: Any = None
         self.llm_mode = ""
-        self._start("raw_logprobs")
-        self.tokenizer = self.llm.get_tokenizer()
-        self.vocab_size: int | None = self.llm.llm_engine.model_config.get_vocab_size()
+        llm = self._start("raw_logprobs")
+        self.tokenizer = llm.get_tokenizer()
+        self.vocab_size: int | None = llm.llm_engine.model_config.get_vocab_size()
+        self.dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _start(self, logprobs_mode: str) -> None:
-        """(Re)create the `LLM` with `logprobs_mode`, shutting down the one running."""
+    def _start(self, logprobs_mode: str) -> Any:
+        """The running `LLM` in `logprobs_mode`; another one running is shut down first
+        (one at a time: on a GPU each would claim its memory share)."""
         if self.llm is not None and self.llm_mode == logprobs_mode:
-            return
+            return self.llm
         self._shutdown()
         o = self.options
         kwargs: dict[str, Any] = {
@@ -180,6 +182,7 @@ class VLLMEngine:
         except (ValueError, TypeError) as exc:
             raise InputError(f"vLLM refused the model or options for {self.model_id!r}: {exc}") from None
         self.llm_mode = logprobs_mode
+        return self.llm
 
     def _shutdown(self) -> None:
         if self.llm is None:
@@ -205,7 +208,7 @@ class VLLMEngine:
             "torch": torch.__version__,
             "device": str(current_platform.device_type),
             "device_name": str(current_platform.get_device_name()) if not self.on_cpu else "cpu",
-            "dtype": str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.") if self.llm else None,
+            "dtype": self.dtype,
             "logprobs_mode": "raw_logprobs",
             "enforce_eager": self.enforce_eager,
             "prefix_caching": False,
@@ -227,12 +230,11 @@ class VLLMEngine:
         for p in prompts:
             check_prompt_ids(p.id, p.prompt_token_ids, self.vocab_size)
         runnable = [p for p in prompts if p.max_tokens > 0]
-        self._start("raw_logprobs")
-        outputs = self._run(runnable, top_k)
+        outputs = self._run(self._start("raw_logprobs"), runnable, top_k)
         logits: dict[str, list[float]] = {}
         if self.options["record_logits"] and runnable:
-            self._start("raw_logits")
-            second = self._run(runnable, max(top_k, 1))
+            # Left running in raw_logits mode: the next call that needs logprobs switches back.
+            second = self._run(self._start("raw_logits"), runnable, max(top_k, 1))
             for p in runnable:
                 out = second[p.id]
                 if tuple(out.token_ids) != tuple(outputs[p.id].token_ids):
@@ -241,7 +243,6 @@ class VLLMEngine:
                         "than in its raw_logprobs pass; it is not deterministic here"
                     )
                 logits[p.id] = [float(pos[t].logprob) for pos, t in zip(out.logprobs, out.token_ids, strict=True)]
-            self._start("raw_logprobs")
         records = []
         for p in prompts:
             out = outputs.get(p.id)
@@ -278,17 +279,22 @@ class VLLMEngine:
         # At least 2 logprobs so that the list's head is the argmax even when vLLM adds the
         # (forced) sampled token to a list of one.
         k = max(top_k, 2)
-        self._start("raw_logprobs")
+        llm = self._start("raw_logprobs")
         if self.options["force_mode"] == "decode":
-            tops = self._forced_decode(prompt_token_ids, token_ids, k)
+            tops = self._forced_decode(llm, prompt_token_ids, token_ids, k)
         else:
-            tops = self._forced_prefill(prompt_token_ids, token_ids, k)
-        chosen = tuple(int(top[0][0]) for top in tops)
-        return ForcedDecode(
-            token_ids=chosen,
-            top_logprobs=tops if top_k > 0 else None,
-            mode=self.options["force_mode"],
-        )
+            tops = self._forced_prefill(llm, prompt_token_ids, token_ids, k)
+        return _forced(tops, top_k, self.options["force_mode"])
+
+    def force_prefill(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
+        """`force` in prefill mode whatever `force_mode` says: one forward over prompt +
+        oracle tokens, `prompt_logprobs` read at every oracle position."""
+        self._check_top_k(top_k)
+        check_prompt_ids("forced", prompt_token_ids, self.vocab_size)
+        if not token_ids:
+            return ForcedDecode(token_ids=(), top_logprobs=[] if top_k > 0 else None, mode="prefill")
+        tops = self._forced_prefill(self._start("raw_logprobs"), prompt_token_ids, token_ids, max(top_k, 2))
+        return _forced(tops, top_k, "prefill")
 
     def encode(
         self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
@@ -322,18 +328,18 @@ class VLLMEngine:
             **extra,
         )
 
-    def _run(self, prompts: Sequence[PromptInput], top_k: int) -> dict[str, Any]:
+    def _run(self, llm: Any, prompts: Sequence[PromptInput], top_k: int) -> dict[str, Any]:
         """One batched `LLM.generate`; returns {prompt id: CompletionOutput}."""
         if not prompts:
             return {}
         inputs = [{"prompt_token_ids": list(p.prompt_token_ids)} for p in prompts]
         params = [self._params(p.max_tokens, top_k if top_k > 0 else None) for p in prompts]
-        results = self.llm.generate(inputs, params, use_tqdm=False)
+        results = llm.generate(inputs, params, use_tqdm=False)
         return {p.id: r.outputs[0] for p, r in zip(prompts, results, strict=True)}
 
-    def _forced_decode(self, prompt_ids: Sequence[int], oracle: Sequence[int], k: int) -> list[Pairs]:
+    def _forced_decode(self, llm: Any, prompt_ids: Sequence[int], oracle: Sequence[int], k: int) -> list[Pairs]:
         params = self._params(len(oracle), k, ignore_eos=True, extra_args={FORCED_KEY: [int(t) for t in oracle]})
-        out = self.llm.generate([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)[0].outputs[0]
+        out = llm.generate([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)[0].outputs[0]
         if [int(t) for t in out.token_ids] != [int(t) for t in oracle]:
             raise EngineError(
                 "forced decode: vLLM did not follow the oracle's tokens (is the gate logits processor "
@@ -341,12 +347,12 @@ class VLLMEngine:
             )
         return [_pairs(pos) for pos in out.logprobs]
 
-    def _forced_prefill(self, prompt_ids: Sequence[int], oracle: Sequence[int], k: int) -> list[Pairs]:
+    def _forced_prefill(self, llm: Any, prompt_ids: Sequence[int], oracle: Sequence[int], k: int) -> list[Pairs]:
         # Prompt logprob j is the distribution given tokens[:j]; the last oracle position is
         # the one sampled token of the same pass.
         full = [*map(int, prompt_ids), *map(int, oracle[:-1])]
         params = self._params(1, k, ignore_eos=True, prompt_logprobs=k)
-        result = self.llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False)[0]
+        result = llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False)[0]
         start = len(prompt_ids)
         positions = [result.prompt_logprobs[start + i] for i in range(len(oracle) - 1)]
         positions.append(result.outputs[0].logprobs[0])
@@ -358,6 +364,16 @@ def _pairs(position: Any) -> Pairs:
     id ascending). It holds the top-k plus the sampled token when that is outside them; all
     of it is kept (the trace requires the chosen token in the list)."""
     return sort_top((int(t), float(lp.logprob)) for t, lp in position.items())
+
+
+def _forced(tops: list[Pairs], top_k: int, mode: str) -> ForcedDecode:
+    """The greedy choice at each forced position is the head of its list: vLLM's argmax,
+    the lowest id among exact ties."""
+    return ForcedDecode(
+        token_ids=tuple(int(top[0][0]) for top in tops),
+        top_logprobs=tops if top_k > 0 else None,
+        mode=mode,
+    )
 
 
 def _finish(prompt_id: str, reason: str | None) -> str | None:

@@ -20,10 +20,10 @@ A figure that does not fit this shape is skipped with a visible note, never an e
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
-from bisect import bisect_left
 from itertools import groupby
 from typing import Any, TypedDict
 
@@ -187,7 +187,9 @@ def _strip(p: PromptResult, divs: list[Divergence], width: int) -> str:
                     f"<title>{escape(p.id)} position {i}: {escape(OUTCOME_NAMES[code])}</title></rect></a>"
                 )
         else:
-            rects.append(f'<rect x="{pos}" y="0" width="{n}" height="1" class="{css}"><title>{escape(label)}</title></rect>')
+            rects.append(
+                f'<rect x="{pos}" y="0" width="{n}" height="1" class="{css}"><title>{escape(label)}</title></rect>'
+            )
         pos += n
     note = class_counts(divs)
     status = "strict" if p.strict else ("ratified" if p.ratified else "failed")
@@ -271,7 +273,10 @@ def _gap_bars(result: GateResult) -> list[Bar]:
 def svg_histogram(bars: Sequence[Bar], *, title: str, unit: str, markers: Sequence[tuple[float, str]] = ()) -> str:
     """A bar chart as inline SVG: counts above the bars, bin labels below, markers dashed."""
     bw, gap, left, top, plot_h, bottom = 64, 10, 40, 44, 150, 56
-    width = left + len(bars) * (bw + gap) + 20
+    plot_w = len(bars) * (bw + gap)
+    longest_marker = max((len(label) for _, label in markers), default=0)
+    # wide enough for the title, and for a marker's label beside the last bar
+    width = left + max(plot_w + 20, 8 * len(title), plot_w + 7 * longest_marker)
     height = top + plot_h + bottom
     peak = max((b.count for b in bars), default=0) or 1
     parts = [
@@ -295,10 +300,10 @@ def svg_histogram(bars: Sequence[Bar], *, title: str, unit: str, markers: Sequen
         idx = next((i for i, b in enumerate(bars) if b.hi is not None and b.hi == at), None)
         if idx is None:
             continue
-        x = left + idx * (bw + gap) + bw + gap / 2
+        mx = left + idx * (bw + gap) + bw + gap / 2
         parts.append(
-            f'<line x1="{x}" y1="{top - 20}" x2="{x}" y2="{top + plot_h}" class="marker"/>'
-            f'<text x="{x + 3}" y="{top - 12}" class="m">{escape(label)}</text>'
+            f'<line x1="{mx}" y1="{top - 20}" x2="{mx}" y2="{top + plot_h}" class="marker"/>'
+            f'<text x="{mx + 3}" y="{top - 12}" class="m">{escape(label)}</text>'
         )
     parts.append(f'<text x="{left}" y="{height - 8}" class="u">{escape(unit)}</text></svg>')
     return "".join(parts)

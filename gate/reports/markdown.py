@@ -81,7 +81,7 @@ def _fold(rows: list[str], header: list[str], summary: str) -> list[str]:
 
 def _prompt_table(result: GateResult) -> list[str]:
     groups = by_prompt(result)
-    listed = [p for p in result.prompts if not p.strict]
+    listed = [p for p in result.prompts if not p.strict or groups.get(p.id)]
     strict = len(result.prompts) - len(listed)
     out = ["### Prompts", ""]
     if not listed:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -105,8 +105,8 @@ def prompt_table(result: GateResult, *, max_rows: int = MAX_PROMPT_ROWS) -> Tabl
     rows = list(result.prompts)
     hidden = 0
     if len(rows) > max_rows:
-        # Many prompts: list those that diverged; strict ones are only counted.
-        diverged = [p for p in rows if not p.strict]
+        # Many prompts: list those that diverged (free run or forced); the rest are only counted.
+        diverged = [p for p in rows if not p.strict or groups.get(p.id)]
         hidden = len(rows) - min(len(diverged), max_rows)
         rows = diverged[:max_rows]
     table = Table(title="Prompts", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -129,7 +129,10 @@ def prompt_table(result: GateResult, *, max_rows: int = MAX_PROMPT_ROWS) -> Tabl
             Text(note or "—", style="red" if not p.ratified else ""),
         )
     if hidden:
-        table.caption = f"{hidden} more prompts not listed ({len(result.prompts)} in all; every one not listed is strict)"
+        table.caption = (
+            f"{hidden} more prompts not listed ({len(result.prompts)} in all; those not listed are strict "
+            "and diverge nowhere)"
+        )
         table.caption_justify = "left"
     return table
 
