@@ -11,7 +11,9 @@ Options (`--engine-opt key=value`, all strings as the CLI gives them):
   seed            int, which toy model (default 0)
   tie_break       lowest | highest
   bias_token      a token id whose logit gets `bias` added everywhere (default -1: none)
-  bias            float, in nats (a large one makes defects, a small one near ties)
+  bias            float, in nats
+  second_bias     float, in nats, added to the runner-up's logit at every position: it
+                  takes over where the leader was less than this far ahead (at least 0.25)
   fail            load | generate | force: raise RuntimeError there (an engine crash)
   weights_sha256  what info() reports (default "toy-weights-0")
   tokenizer       same | drift (one prompt token differs) | none (cannot tokenize)
@@ -41,6 +43,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "tie_break": (str, "lowest"),
     "bias_token": (int, -1),
     "bias": (float, 0.0),
+    "second_bias": (float, 0.0),
     "fail": (str, ""),
     "weights_sha256": (str, "toy-weights-0"),
     "tokenizer_sha256": (str, "toy-tokenizer-0"),
@@ -56,7 +59,7 @@ def toy_logits(seed: int, context: Sequence[int]) -> list[float]:
     rng = _Lcg(key)
     logits = [rng.next() % 9 * 0.25 for _ in range(VOCAB)]
     lead = 3 + rng.next() % (VOCAB - 3)  # never BOS/EOS/0, so runs stay full length
-    logits[lead] += 3.0
+    logits[lead] += 2.25
     if rng.next() % 4 == 0:
         other = 3 + rng.next() % (VOCAB - 3)
         if other != lead:
@@ -146,7 +149,9 @@ class FakeEngine:
             tops.append(top)
         return ForcedDecode(token_ids=tuple(chosen), top_logprobs=tops, mode="decode")
 
-    def encode(self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None) -> tuple[int, ...] | None:
+    def encode(
+        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+    ) -> tuple[int, ...] | None:
         if self.opts["tokenizer"] == "none":
             return None
         if messages is not None:
@@ -169,6 +174,9 @@ class FakeEngine:
         logits = toy_logits(self.opts["seed"], context)
         if 0 <= self.opts["bias_token"] < VOCAB:
             logits[self.opts["bias_token"]] += self.opts["bias"]
+        if self.opts["second_bias"]:
+            runner_up = sorted(range(VOCAB), key=lambda t: (-logits[t], t))[1]
+            logits[runner_up] += self.opts["second_bias"]
         best = max(logits)
         tied = [i for i, v in enumerate(logits) if v == best]
         # torch.argmax's rule: the lowest index among equal maxima; `highest` is the mutation.

@@ -65,7 +65,12 @@ def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 
 def toy_pin_folder(
-    root: Path, model: str = TOY_MODEL, *, n: int = 6, max_tokens: int = 12, engine_options: dict[str, Any] | None = None
+    root: Path,
+    model: str = TOY_MODEL,
+    *,
+    n: int = 6,
+    max_tokens: int = 12,
+    engine_options: dict[str, Any] | None = None,
 ) -> Path:
     """A pin folder with a suite and an oracle.json that records with the fake engine."""
     folder = root.joinpath(*model.split("/"))

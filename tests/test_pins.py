@@ -108,7 +108,9 @@ def test_qwen_folder_has_suite_and_settings_but_no_pin() -> None:
     assert s.tensor_parallel_size * s.pipeline_parallel_size >= 2
 
 
-def test_gate_run_on_qwen_says_there_is_no_pin_and_how_to_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gate_run_on_qwen_says_there_is_no_pin_and_how_to_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     r = invoke(["run", "--model", QWEN])
     assert r.exit_code == 2, r.output
@@ -124,7 +126,9 @@ def test_gate_run_on_qwen_says_there_is_no_pin_and_how_to_record(tmp_path: Path,
 def test_settings_defaults_and_overrides(tmp_path: Path) -> None:
     assert read_settings(tmp_path / "none.json") == OracleSettings()
     s = OracleSettings(max_model_len=2048).with_overrides(
-        max_tokens=8, top_k=5, engine_opts={"tensor_parallel_size": "4", "dtype": "float16", "gpu_memory_utilization": "0.8"}
+        max_tokens=8,
+        top_k=5,
+        engine_opts={"tensor_parallel_size": "4", "dtype": "float16", "gpu_memory_utilization": "0.8"},
     )
     assert (s.max_tokens, s.top_k, s.tensor_parallel_size, s.dtype) == (8, 5, 4, "float16")
     assert s.engine_kwargs() == {
@@ -216,15 +220,26 @@ def test_record_writes_a_pin_with_provenance(tmp_path: Path) -> None:
     trace = read_trace(folder / "pin.jsonl", role="oracle")
     h = trace.header
     assert h.model == TOY_MODEL and h.top_k == 5 and h.engine["name"] == "fake"
-    for key in ("dtype", "device", "weights_sha256", "tokenizer_sha256", "versions", "platform", "sampling",
-                "suite_sha256", "prompt_sha256", "created_at", "oracle"):
+    for key in (
+        "dtype",
+        "device",
+        "weights_sha256",
+        "tokenizer_sha256",
+        "versions",
+        "platform",
+        "sampling",
+        "suite_sha256",
+        "prompt_sha256",
+        "created_at",
+        "oracle",
+    ):
         assert key in h.extra, key
     assert h.extra["versions"]["torch"] and h.extra["versions"]["vllm"]
     assert h.extra["sampling"]["temperature"] == 0.0 and h.extra["sampling"]["max_tokens"] == [12]
     pin = load_pin(TOY_MODEL, tmp_path)
     assert h.extra["suite_sha256"] == pin.suite.sha256
     assert set(h.extra["prompt_sha256"]) == set(pin.suite.ids)
-    assert [r.prompt for r in trace.records][0] == "prompt number 0: import numpy as np"
+    assert next(r.prompt for r in trace.records) == "prompt number 0: import numpy as np"
     # One generate call with every prompt: the batch is part of what makes vLLM reproducible.
     assert [c for c in FakeEngine.history if c[0] == "generate"] == [("generate", list(pin.suite.ids))]
     assert FakeEngine.history[-1] == ("close", None)
@@ -247,7 +262,9 @@ def test_force_shows_what_moved_and_keeps_a_backup(tmp_path: Path) -> None:
     r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(tmp_path), "--force"])
     assert r.exit_code == 0, r.output
     assert "the new pin matches the old one bit for bit (6 prompts)" in r.stderr
-    r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(tmp_path), "--force", "--engine-opt", "seed=3"])
+    r = invoke(
+        ["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(tmp_path), "--force", "--engine-opt", "seed=3"]
+    )
     assert r.exit_code == 0, r.output
     assert "against the old pin: 6 of 6 prompts moved" in r.stderr
     assert "p00: tokens differ from position" in r.stderr
@@ -259,12 +276,26 @@ def test_force_shows_what_moved_and_keeps_a_backup(tmp_path: Path) -> None:
 
 
 def test_record_from_prompts_file_with_max_tokens_writes_the_resolved_suite(tmp_path: Path) -> None:
-    prompts = write_jsonl(tmp_path / "mine.jsonl", [{"id": "x", "text": "hello"}, {"id": "y", "text": "world", "max_tokens": 3}])
+    prompts = write_jsonl(
+        tmp_path / "mine.jsonl", [{"id": "x", "text": "hello"}, {"id": "y", "text": "world", "max_tokens": 3}]
+    )
     settings = tmp_path / "pins" / "new" / "model" / "oracle.json"
     settings.parent.mkdir(parents=True)
     settings.write_text(json.dumps({"engine": "fake", "dtype": "toy", "top_k": 3}))
-    r = invoke(["pin", "record", "--model", "new/model", "--pins-dir", str(tmp_path / "pins"), "--prompts",
-                str(prompts), "--max-tokens", "4"])
+    r = invoke(
+        [
+            "pin",
+            "record",
+            "--model",
+            "new/model",
+            "--pins-dir",
+            str(tmp_path / "pins"),
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "4",
+        ]
+    )
     assert r.exit_code == 0, r.output
     pin = load_pin("new/model", tmp_path / "pins")
     assert [len(r.token_ids) for r in pin.trace.records] == [4, 4]
@@ -310,7 +341,9 @@ def test_a_suite_edited_after_recording_is_refused(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (folder / "suite.jsonl").read_text().splitlines()]
     rows[1]["text"] = "something else"
     write_jsonl(folder / "suite.jsonl", rows)
-    with pytest.raises(PinError, match=r"has changed since the pin was recorded \(prompts changed, added or removed: p01\)"):
+    with pytest.raises(
+        PinError, match=r"has changed since the pin was recorded \(prompts changed, added or removed: p01\)"
+    ):
         load_pin(TOY_MODEL, tmp_path)
     r = invoke(["run", "--model", TOY_MODEL, "--pins-dir", str(tmp_path), "--engine", "fake"])
     assert r.exit_code == 2, r.output

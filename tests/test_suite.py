@@ -61,9 +61,11 @@ def test_hash_ignores_formatting_but_not_content() -> None:
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
-        (['{"id": "a", "text": "x"', ], r"suite.jsonl:1: bad JSON"),
-        (['{"id": "a", "text": "x"}', '{"id": "b", "text": "y"}', '{"id": "a", "text": "z"}'],
-         r"suite.jsonl:3: field 'id': duplicate id 'a' \(first on line 1\)"),
+        (['{"id": "a", "text": "x"'], r"suite.jsonl:1: bad JSON"),
+        (
+            ['{"id": "a", "text": "x"}', '{"id": "b", "text": "y"}', '{"id": "a", "text": "z"}'],
+            r"suite.jsonl:3: field 'id': duplicate id 'a' \(first on line 1\)",
+        ),
         (['{"id": "a", "text": ""}'], r"suite.jsonl:1: field 'text': prompt 'a' is empty"),
         (['{"id": "a", "text": "   \\n"}'], r"suite.jsonl:1: field 'text': prompt 'a' is empty"),
         (['{"id": "a", "text": 5}'], r"suite.jsonl:1: field 'text': must be a string"),
@@ -72,16 +74,28 @@ def test_hash_ignores_formatting_but_not_content() -> None:
         (['{"text": "x"}'], r"suite.jsonl:1: field 'id': missing"),
         (['{"id": "", "text": "x"}'], r"suite.jsonl:1: field 'id': must be a non-empty string"),
         (['{"id": 7, "text": "x"}'], r"suite.jsonl:1: field 'id': must be a non-empty string, found 7"),
-        (['{"id": "a", "text": "x", "max_tokens": 0}'], r"suite.jsonl:1: field 'max_tokens': must be an integer from 1"),
-        (['{"id": "a", "text": "x", "max_tokens": "32"}'], r"field 'max_tokens': must be an integer from 1 to 65536, found '32'"),
+        (
+            ['{"id": "a", "text": "x", "max_tokens": 0}'],
+            r"suite.jsonl:1: field 'max_tokens': must be an integer from 1",
+        ),
+        (
+            ['{"id": "a", "text": "x", "max_tokens": "32"}'],
+            r"field 'max_tokens': must be an integer from 1 to 65536, found '32'",
+        ),
         (['{"id": "a", "text": "x", "max_tokens": 1.5}'], r"field 'max_tokens'"),
         (['{"id": "a", "text": "x", "max_tokens": true}'], r"field 'max_tokens'"),
         (['{"id": "a", "text": "x", "max_tokens": 1000000}'], r"field 'max_tokens'"),
         (['{"id": "a", "text": "x", "maxtokens": 3}'], r"suite.jsonl:1: field 'maxtokens': unknown field"),
         (['["a", "x"]'], r"suite.jsonl:1: a prompt must be a JSON object"),
         (['{"id": "a", "messages": []}'], r"field 'messages': prompt 'a': must be a non-empty list"),
-        (['{"id": "a", "messages": [{"role": "robot", "content": "x"}]}'], r"field 'messages\[0\].role': must be one of"),
-        (['{"id": "a", "messages": [{"role": "user", "content": ""}]}'], r"field 'messages\[0\].content': prompt 'a': empty"),
+        (
+            ['{"id": "a", "messages": [{"role": "robot", "content": "x"}]}'],
+            r"field 'messages\[0\].role': must be one of",
+        ),
+        (
+            ['{"id": "a", "messages": [{"role": "user", "content": ""}]}'],
+            r"field 'messages\[0\].content': prompt 'a': empty",
+        ),
         (['{"id": "a", "messages": [{"role": "user"}]}'], r"field 'messages\[0\]': must be an object with exactly"),
         (['{"id": "a", "messages": [{"role": "system", "content": "x"}]}'], r"needs at least one 'user' message"),
         (["", "  "], r"suite.jsonl: the prompt suite is empty"),

@@ -145,7 +145,8 @@ def register(app: typer.Typer) -> None:
             typer.Option("--engine-opt", help="Oracle engine option key=value, e.g. tensor_parallel_size=2."),
         ] = None,
         model_path: Annotated[
-            Path | None, typer.Option("--model-path", help="Load the weights from this folder (the pin is for --model).")
+            Path | None,
+            typer.Option("--model-path", help="Load the weights from this folder (the pin is for --model)."),
         ] = None,
         pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
         force: Annotated[
@@ -168,7 +169,9 @@ def register(app: typer.Typer) -> None:
 
     @pin_app.command("show")
     def show_cmd(
-        model: Annotated[str | None, typer.Option("--model", "-m", help="Model id [default: the embedded default].")] = None,
+        model: Annotated[
+            str | None, typer.Option("--model", "-m", help="Model id [default: the embedded default].")
+        ] = None,
         pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
     ) -> None:
         """Print a pin's provenance and its exact top-2 ties as JSON."""
