@@ -375,3 +375,14 @@ def test_add_token_texts_fills_forced_divergences(pins: Path) -> None:
     assert all(text == f"<t{t}>" for d in forced for t, _, text in d.alternatives)
     # A decoder that knows nothing leaves the result as it was.
     assert add_token_texts(result, lambda ids: None) is result
+
+
+def test_a_saved_trace_carries_the_hashes_and_they_are_checked(pins: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "cand.jsonl"
+    assert run(pins, "--save-trace", str(saved)).exit_code == 0
+    header, *rest = saved.read_text().splitlines(keepends=True)
+    assert json.loads(header)["engine"]["weights_sha256"] == "toy-weights-0"
+    (tmp_path / "other.jsonl").write_text(header.replace("toy-weights-0", "toy-weights-9") + "".join(rest))
+    r = invoke(["run", "--candidate-trace", str(tmp_path / "other.jsonl"), "--pins-dir", str(pins)])
+    assert r.exit_code == 2, r.output
+    assert "the candidate trace" in r.stderr and "weights hash is toy-weights-9" in r.stderr

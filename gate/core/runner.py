@@ -219,12 +219,12 @@ def model_hashes(info: Mapping[str, Any]) -> dict[str, str]:
 def check_provenance(
     pin: Pin, info: Mapping[str, Any], *, model: str | None = None, where: str = "the candidate"
 ) -> None:
-    """Same model id, and the same weights and tokenizer where both sides report a hash."""
+    """Same model id, and the same weights and tokenizer where both sides carry a hash
+    (`info`: an engine's info with `model_hashes` added, or a candidate trace's header)."""
     if model is not None and model != pin.model:
         raise PinError(f"{where} is for model {model!r}, but the pin {pin.folder.pin_path} is for {pin.model!r}")
-    theirs_all = model_hashes(info)
     for key in HASH_KEYS:
-        ours, theirs = pin.provenance(key), theirs_all.get(key)
+        ours, theirs = pin.provenance(key), info.get(key)
         if ours and theirs and ours != theirs:
             what = key.removesuffix("_sha256")
             raise PinError(
@@ -408,7 +408,9 @@ def gate_against_pin(
     """The whole gate for a loaded engine: checks, free run, forced decode, adjudication."""
     timings = timings or Timings()
     with _timed(timings, "check_s"):
-        info = engine_call(engine, "info", engine.info)
+        info = dict(engine_call(engine, "info", engine.info))
+        # The hashes go into the candidate trace's header too, so a saved trace carries them.
+        info.update(model_hashes(info))
         if check_hashes:
             check_provenance(pin, info, where=f"engine {engine.name!r}")
         check_prompt_ids(engine, pin)
