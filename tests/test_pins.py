@@ -152,6 +152,10 @@ def test_settings_defaults_and_overrides(tmp_path: Path) -> None:
         ('{"dtype": 16}', "field 'dtype': must be a string"),
         ('{"engine_options": []}', "field 'engine_options': must be an object"),
         ('{"max_model_len": 0}', "field 'max_model_len'"),
+        ('{"doctrine": {"near_tie": 2}}', "field 'doctrine.near_tie': unknown"),
+        ('{"doctrine": {"near_tie_ulps": -1}}', "field 'doctrine.near_tie_ulps': must be a number >= 0"),
+        ('{"doctrine": {"near_tie_mnats": "250"}}', "field 'doctrine.near_tie_mnats': must be a number >= 0"),
+        ('{"doctrine": 2}', "field 'doctrine': must be an object"),
     ],
 )
 def test_bad_settings_name_file_and_field(tmp_path: Path, text: str, message: str) -> None:

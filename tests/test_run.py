@@ -386,3 +386,28 @@ def test_a_saved_trace_carries_the_hashes_and_they_are_checked(pins: Path, tmp_p
     r = invoke(["run", "--candidate-trace", str(tmp_path / "other.jsonl"), "--pins-dir", str(pins)])
     assert r.exit_code == 2, r.output
     assert "the candidate trace" in r.stderr and "weights hash is toy-weights-9" in r.stderr
+
+
+def test_the_pins_own_doctrine_applies_unless_the_command_line_names_one(pins: Path) -> None:
+    settings_path = pins / "toy" / "model" / "oracle.json"
+    settings = json.loads(settings_path.read_text())
+    settings["doctrine"] = {"near_tie_mnats": 300}
+    settings_path.write_text(json.dumps(settings))
+    args = ("--engine-opt", "second_bias=0.3", "--format", "json")
+    r = run(pins, *args)
+    assert r.exit_code == 0, r.output
+    rep = report(r)
+    assert rep["doctrine"]["near_tie_mnats"] == 300.0 and rep["counts"]["near_ties"] > 0
+    r = run(pins, *args, "--near-tie-mnats", "125")
+    assert r.exit_code == 1, r.output
+    assert report(r)["doctrine"]["near_tie_mnats"] == 125.0
+
+
+def test_a_bad_threshold_fails_before_the_engine_loads(pins: Path) -> None:
+    from fake_engine import FakeEngine
+
+    FakeEngine.history.clear()
+    r = run(pins, "--near-tie-mnats", "-1")
+    assert r.exit_code == 2, r.output
+    assert "--near-tie-mnats must be finite and >= 0" in r.stderr
+    assert FakeEngine.history == []

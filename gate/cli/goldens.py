@@ -1,9 +1,341 @@
-"""Commands of this module are registered by `register(app)`."""
+"""`gate goldens record` and `gate goldens check`: an engine's own greedy outputs, kept in
+goldens/<org>/<model>/<engine>.jsonl, and the proof that a change to the engine is inert
+(or the list of every golden it moves, each with its cause).
+
+The work is `gate.core.goldens`; the reports are `gate.reports.goldens`. This module
+parses options, draws the progress bar on stderr, prints and exits.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+if TYPE_CHECKING:
+    from gate.core.goldens import GoldensResult
+    from gate.core.pins import Pin
+    from gate.engines.base import Engine
+
+GOLDEN_FORMATS = ("rich", "json", "markdown")
+
+
+def _load_engine(engine_name: str, pin: Pin, opts: dict[str, str], model_path: Path | None) -> Engine:
+    from gate.engines.registry import load_engine
+
+    return load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
+
+
+def _engine_line(info_engine: dict[str, object] | None, opts: dict[str, str]) -> str:
+    given = ", ".join(f"{k}={v}" for k, v in opts.items()) or "default options"
+    if not info_engine:
+        return given
+    return f"engine {info_engine.get('name')} {info_engine.get('version')}, {given}"
+
+
+def record_goldens(
+    *,
+    model: str | None,
+    engine: str | None,
+    engine_opts: list[str] | None,
+    model_path: Path | None,
+    pins_dir: Path | None,
+    goldens_dir: Path | None,
+    golden: Path | None,
+    force: bool,
+) -> int:
+    from gate.cli.common import parse_engine_opts
+    from gate.cli.run import ProgressBar, _progress_bar, default_model
+    from gate.core.atomic import atomic_write
+    from gate.core.doctrine import Doctrine
+    from gate.core.goldens import (
+        DEFAULT_ENGINE,
+        check_golden_against_pin,
+        encode_golden,
+        find_moves,
+        goldens_summary,
+        path_for_writing,
+        record_golden,
+    )
+    from gate.core.pins import load_pin
+    from gate.core.runner import engine_call
+    from gate.core.trace import read_trace
+    from gate.errors import InputError
+
+    opts = parse_engine_opts(engine_opts)
+    engine_name = engine or DEFAULT_ENGINE
+    pin = load_pin(model or default_model(), pins_dir)
+    path = golden if golden is not None else path_for_writing(pin.model, engine_name, goldens_dir)
+    # Refused before the model loads (minutes on a large one).
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory")
+    if path.exists() and not force:
+        raise InputError(
+            f"{path}: a golden exists; pass --force (or --accept) to re-record it "
+            "(the old one is kept as a backup, and what moved is shown)"
+        )
+    old = None
+    if path.exists():
+        try:
+            old = read_trace(path, role="candidate")
+        except InputError as exc:
+            print(f"gate: the old golden cannot be read ({exc}); it is replaced all the same", file=sys.stderr)
+
+    print(f"recording the {engine_name} golden for {pin.model}: {len(pin.trace.records)} prompts", file=sys.stderr)
+    eng = _load_engine(engine_name, pin, opts, model_path)
+    try:
+        with _progress_bar() as bar:
+            trace = record_golden(eng, pin, options=opts, path=str(path), progress=ProgressBar(bar))
+    finally:
+        engine_call(eng, "close", eng.close)
+
+    if old is not None:
+        try:
+            check_golden_against_pin(old, pin)
+            from gate.core.goldens import GoldensResult
+
+            moves = find_moves(old, trace, pin.trace, Doctrine())
+            result = GoldensResult(
+                model=pin.model,
+                engine=engine_name,
+                golden_path=str(path),
+                prompts=len(trace.records),
+                positions=sum(len(r.token_ids) for r in old.records),
+                moves=moves,
+                doctrine=Doctrine(),
+            )
+            print(f"against the old golden: {goldens_summary(result)}", file=sys.stderr)
+            for m in moves:
+                print(f"  {m.prompt_id} @ {m.position}: {m.label}: {m.reason}", file=sys.stderr)
+        except InputError as exc:
+            print(f"the old golden was for other prompts ({exc})", file=sys.stderr)
+
+    kept = atomic_write(path, encode_golden(trace), overwrite=force, backup=path.exists())
+    if kept is not None:
+        print(f"kept the old golden as {kept}", file=sys.stderr)
+    positions = sum(len(r.token_ids) for r in trace.records)
+    print(
+        f"golden written to {path}: {len(trace.records)} prompts, {positions} positions "
+        f"({_engine_line(dict(trace.header.engine), opts)})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def check_goldens(
+    *,
+    model: str | None,
+    engine: str | None,
+    engine_opts: list[str] | None,
+    model_path: Path | None,
+    pins_dir: Path | None,
+    goldens_dir: Path | None,
+    golden: Path | None,
+    fmt: str,
+    accept: bool,
+    near_tie_mnats: float | None,
+    near_tie_ulps: float | None,
+) -> int:
+    from dataclasses import replace
+
+    from gate.cli.common import parse_engine_opts
+    from gate.cli.run import ProgressBar, _progress_bar, default_model
+    from gate.core.atomic import atomic_write
+    from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
+    from gate.core.goldens import (
+        DEFAULT_ENGINE,
+        accepted_golden,
+        check_golden,
+        check_golden_against_pin,
+        display_path,
+        encode_golden,
+        find_golden,
+    )
+    from gate.core.pins import load_pin
+    from gate.core.runner import engine_call
+    from gate.core.trace import read_trace
+    from gate.errors import GateError, InputError
+
+    if fmt not in GOLDEN_FORMATS:
+        raise InputError(f"--format {fmt!r}: expected one of {', '.join(GOLDEN_FORMATS)}")
+    opts = parse_engine_opts(engine_opts)
+    doctrine = Doctrine(
+        near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
+        near_tie_ulps=near_tie_ulps,
+    )
+    engine_name = engine or DEFAULT_ENGINE
+    if golden is not None:
+        path = golden
+        old = read_trace(path, role="candidate")
+        model = model or old.header.model
+    else:
+        model = model or default_model()
+        path = find_golden(model, engine_name, goldens_dir)
+        old = read_trace(path, role="candidate")
+    old = replace(old, path=display_path(path))
+    pin = load_pin(model, pins_dir)
+    check_golden_against_pin(old, pin)  # before the model loads
+
+    eng = _load_engine(engine_name, pin, opts, model_path)
+    try:
+        with _progress_bar() as bar:
+            result, fresh = check_golden(eng, pin, old, doctrine, options=opts, progress=ProgressBar(bar))
+    finally:
+        engine_call(eng, "close", eng.close)
+
+    if accept and result.moves:
+        new = accepted_golden(old, fresh, result.moves)
+        try:
+            kept = atomic_write(path, encode_golden(new), overwrite=True, backup=True)
+        except GateError:
+            _emit(result, fmt)
+            raise
+        result = replace(result, accepted=display_path(path), backup=display_path(kept) if kept else None)
+    _emit(result, fmt)
+    return result.exit_code
+
+
+def _emit(result: GoldensResult, fmt: str) -> None:
+    """The report on stdout (rich on a terminal, else plain text); with json or markdown
+    the summary goes to stderr too, so piped data stays clean and a CI log shows it."""
+    from rich.console import Console
+
+    from gate.reports.goldens import print_goldens, render_goldens
+
+    if fmt == "rich" and sys.stdout.isatty():
+        print_goldens(result, Console(highlight=False, soft_wrap=False))
+    else:
+        text = render_goldens(result, fmt)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        if fmt != "rich":
+            print(result.summary, file=sys.stderr)
+    _append_step_summary(result)
+
+
+def _append_step_summary(result: GoldensResult) -> None:
+    """In a GitHub Actions job, append the Markdown report to the job summary; a summary
+    that cannot be written is a warning, never a change of exit code."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    from gate.reports.goldens import render_goldens_markdown
+
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(render_goldens_markdown(result) + "\n")
+    except OSError as exc:
+        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- commands
+
+_Model = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Model id whose pin and goldens to use [default: the embedded default]."),
+]
+_Engine = Annotated[
+    str | None,
+    typer.Option("--engine", "-e", help="Engine: hf, vllm, openai, a plugin, or module:Class [default: hf]."),
+]
+_EngineOpt = Annotated[
+    list[str] | None,
+    typer.Option("--engine-opt", help="Engine option key=value (repeatable), e.g. tie_break=highest."),
+]
+_ModelPath = Annotated[
+    Path | None, typer.Option("--model-path", help="Load the weights from this folder (the pin is found by --model).")
+]
+_PinsDir = Annotated[
+    Path | None,
+    typer.Option("--pins-dir", help="Folder of pins [default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
+]
+_GoldensDir = Annotated[
+    Path | None,
+    typer.Option("--goldens-dir", help="Folder of goldens [default: $GATE_GOLDENS_DIR, ./goldens, gate's own]."),
+]
+_Golden = Annotated[
+    Path | None,
+    typer.Option("--golden", help="This golden file instead of <goldens-dir>/<org>/<model>/<engine>.jsonl."),
+]
 
 
 def register(app: typer.Typer) -> None:
-    """No commands yet."""
+    goldens_app = typer.Typer(
+        name="goldens",
+        help="An engine's own greedy outputs (goldens/<org>/<model>/<engine>.jsonl): record them, and check "
+        "that a change to the engine moves none, or which it moves and why.",
+        no_args_is_help=True,
+    )
+
+    @goldens_app.command("record")
+    def record_cmd(
+        model: _Model = None,
+        engine: _Engine = None,
+        engine_opt: _EngineOpt = None,
+        model_path: _ModelPath = None,
+        pins_dir: _PinsDir = None,
+        goldens_dir: _GoldensDir = None,
+        golden: _Golden = None,
+        force: Annotated[
+            bool,
+            typer.Option("--force", "--accept", help="Replace an existing golden (a backup is kept; moves are shown)."),
+        ] = False,
+    ) -> None:
+        """Run the engine greedily over the pinned prompts and write its golden atomically."""
+        raise typer.Exit(
+            record_goldens(
+                model=model,
+                engine=engine,
+                engine_opts=engine_opt,
+                model_path=model_path,
+                pins_dir=pins_dir,
+                goldens_dir=goldens_dir,
+                golden=golden,
+                force=force,
+            )
+        )
+
+    @goldens_app.command("check")
+    def check_cmd(
+        model: _Model = None,
+        engine: _Engine = None,
+        engine_opt: _EngineOpt = None,
+        model_path: _ModelPath = None,
+        pins_dir: _PinsDir = None,
+        goldens_dir: _GoldensDir = None,
+        golden: _Golden = None,
+        fmt: Annotated[str, typer.Option("--format", help="rich, json or markdown.")] = "rich",
+        accept: Annotated[
+            bool,
+            typer.Option("--accept", help="Rewrite the moved goldens with the new tokens (backup kept); exit 0."),
+        ] = False,
+        near_tie_mnats: Annotated[
+            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats [default: 125].")
+        ] = None,
+        near_tie_ulps: Annotated[
+            float | None,
+            typer.Option("--near-tie-ulps", help="Also count gaps within N dtype grid steps as near ties."),
+        ] = None,
+    ) -> None:
+        """Re-run the engine and list every golden whose tokens moved, with the cause judged against the
+        pin (exit 0 nothing moved, 1 moved, 2 input, 3 engine)."""
+        raise typer.Exit(
+            check_goldens(
+                model=model,
+                engine=engine,
+                engine_opts=engine_opt,
+                model_path=model_path,
+                pins_dir=pins_dir,
+                goldens_dir=goldens_dir,
+                golden=golden,
+                fmt=fmt,
+                accept=accept,
+                near_tie_mnats=near_tie_mnats,
+                near_tie_ulps=near_tie_ulps,
+            )
+        )
+
+    app.add_typer(goldens_app)

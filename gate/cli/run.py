@@ -78,19 +78,17 @@ def run_gate(
     timings: bool,
 ) -> int:
     from gate.cli.common import check_format, emit_report, parse_engine_opts
-    from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
+    from gate.core.doctrine import Doctrine
     from gate.core.pins import load_pin
-    from gate.core.runner import Timings, gate_trace_against_pin
+    from gate.core.runner import Timings, doctrine_for, gate_trace_against_pin
     from gate.core.trace import read_trace, write_trace
     from gate.errors import InputError
 
     fmt = check_format(fmt)
     opts = parse_engine_opts(engine_opts)
-    doctrine = Doctrine(
-        near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
-        strict=strict,
-        near_tie_ulps=near_tie_ulps,
-    )
+    flags = {"near_tie_mnats": near_tie_mnats, "near_tie_ulps": near_tie_ulps}
+    # A bad threshold fails before any work.
+    Doctrine(near_tie_mnats=0.0 if near_tie_mnats is None else near_tie_mnats, near_tie_ulps=near_tie_ulps)
     # Refuse to clobber before spending minutes on a model.
     for path, flag in ((save_trace, "--save-trace"), (output, "--output")):
         if path is not None and path.exists() and not force:
@@ -111,9 +109,10 @@ def run_gate(
             raise InputError(f"--candidate-trace adjudicates a trace as it is: {', '.join(given)} cannot go with it")
         cand = read_trace(candidate_trace, role="candidate")
         pin = load_pin(model or cand.header.model, pins_dir)
-        outcome = gate_trace_against_pin(pin, cand, doctrine)
+        outcome = gate_trace_against_pin(pin, cand, doctrine_for(pin, strict=strict, **flags))
     else:
         pin = load_pin(model or default_model(), pins_dir)
+        doctrine = doctrine_for(pin, strict=strict, **flags)
         outcome = _run_engine(pin, engine or "hf", opts, model_path, doctrine, Timings())
         if save_trace is not None:
             write_trace(save_trace, outcome.candidate, overwrite=force)

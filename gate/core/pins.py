@@ -3,7 +3,8 @@
 A pin folder is `oracle_pins/<org>/<model>/` and holds:
 - `suite.jsonl`: the prompt suite (see `gate.core.suite`);
 - `oracle.json`: how the oracle runs (engine, dtype, max_tokens, top_k, parallelism,
-  max_model_len, engine options, notes);
+  max_model_len, engine options, notes, and optionally the doctrine `gate run` applies
+  to this pin when the command line names none);
 - `pin.jsonl`: the oracle's trace (format v1, role oracle) whose header carries the
   provenance: versions, platform, device, dtype, model revision, weight and tokenizer
   hashes, sampling parameters, the suite's hash and each prompt's, and the time.
@@ -185,6 +186,9 @@ class OracleSettings:
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     revision: str | None = None
     notes: str | None = None
+    # The pin's own doctrine (near_tie_mnats, near_tie_ulps), measured for this oracle and
+    # its usual candidates; `gate run`'s flags override it.
+    doctrine: Mapping[str, float] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Options for the oracle engine: the named settings, then `engine_options`.
@@ -207,6 +211,8 @@ class OracleSettings:
                 out[name] = value
         if self.engine_options:
             out["engine_options"] = dict(self.engine_options)
+        if self.doctrine:
+            out["doctrine"] = dict(self.doctrine)
         if self.notes is not None:
             out["notes"] = self.notes
         return out
@@ -254,6 +260,19 @@ def _check_settings(s: OracleSettings, where: str) -> None:
         raise InputError(f"{where}: field 'max_model_len': must be an integer >= 1 or null, found {s.max_model_len!r}")
 
 
+DOCTRINE_KEYS = ("near_tie_mnats", "near_tie_ulps")
+
+
+def _check_doctrine(name: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise InputError(f"{name}: field 'doctrine': must be an object, found {value!r}")
+    for key, v in value.items():
+        if key not in DOCTRINE_KEYS:
+            raise InputError(f"{name}: field 'doctrine.{key}': unknown (known: {', '.join(DOCTRINE_KEYS)})")
+        if type(v) not in (int, float) or not 0 <= v < float("inf"):
+            raise InputError(f"{name}: field 'doctrine.{key}': must be a number >= 0, found {v!r}")
+
+
 def read_settings(path: Path) -> OracleSettings:
     """Read oracle.json; a missing file means the defaults."""
     name = str(path)
@@ -267,7 +286,7 @@ def read_settings(path: Path) -> OracleSettings:
         raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(obj, dict):
         raise InputError(f"{name}: must be a JSON object of oracle settings")
-    known = (*_STR_FIELDS, *_INT_FIELDS, "engine_options")
+    known = (*_STR_FIELDS, *_INT_FIELDS, "engine_options", "doctrine")
     kwargs: dict[str, Any] = {}
     for key, value in obj.items():
         if key not in known:
@@ -276,6 +295,8 @@ def read_settings(path: Path) -> OracleSettings:
             raise InputError(f"{name}: field '{key}': must be a string, found {value!r}")
         if key == "engine_options" and not isinstance(value, dict):
             raise InputError(f"{name}: field 'engine_options': must be an object, found {value!r}")
+        if key == "doctrine":
+            _check_doctrine(name, value)
         kwargs[key] = value
     settings = OracleSettings(**kwargs)
     _check_settings(settings, name)

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from gate.core.adjudicate import GateResult, compare
-from gate.core.doctrine import Doctrine
+from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
 from gate.core.pins import OracleSettings, Pin, oracle_header
 from gate.core.suite import Suite
 from gate.core.trace import PromptRecord, TopList, Trace, TraceError, TraceHeader, check_top_logprobs
@@ -132,6 +132,17 @@ def prompt_inputs(pin: Pin) -> list[PromptInput]:
             PromptInput(id=rec.id, prompt_token_ids=rec.prompt_token_ids, max_tokens=sp.max_tokens, prompt=sp.display)
         )
     return out
+
+
+def doctrine_for(
+    pin: Pin, *, strict: bool = False, near_tie_mnats: float | None = None, near_tie_ulps: float | None = None
+) -> Doctrine:
+    """The doctrine a run applies: the command line's thresholds, else the pin's own
+    (oracle.json `doctrine`), else the defaults."""
+    own = pin.settings.doctrine
+    mnats = near_tie_mnats if near_tie_mnats is not None else own.get("near_tie_mnats", DEFAULT_NEAR_TIE_MNATS)
+    ulps = near_tie_ulps if near_tie_ulps is not None else own.get("near_tie_ulps")
+    return Doctrine(near_tie_mnats=float(mnats), strict=strict, near_tie_ulps=None if ulps is None else float(ulps))
 
 
 # --------------------------------------------------------------------------- checks

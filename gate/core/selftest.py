@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from gate.core.adjudicate import DEFECT, EXACT_TIE, STRICT_PASS, GateResult, compare
 from gate.core.doctrine import Doctrine
 from gate.core.pins import Pin
-from gate.core.runner import Progress, engine_call, force_diverged, run_candidate
-from gate.core.trace import Trace, TraceError, TraceHeader, check_top_logprobs
+from gate.core.runner import Progress, engine_call, run_candidate
+from gate.core.trace import PromptRecord, Trace, TraceError, TraceHeader, check_top_logprobs
 from gate.engines.base import Engine
 from gate.errors import EngineError
 
@@ -307,6 +308,56 @@ class _Quiet:
         pass
 
 
+def force_along(
+    engine: Engine,
+    oracle: Trace,
+    free: Trace,
+    *,
+    known: Mapping[str, PromptRecord] | None = None,
+    progress: Progress | None = None,
+) -> Trace:
+    """`free` with `forced_token_ids` on every prompt whose free run left `oracle`'s tokens.
+
+    A forced decode depends only on the prompt and the tokens fed, so a record in `known`
+    that was forced along the very same tokens is reused instead of decoded again (the
+    mutant's run against the pin reuses its run against the reference wherever the
+    reference and the pin agree).
+    """
+    progress = progress or _Quiet()
+    name = getattr(engine, "name", "engine")
+    cand = free.by_id()
+    todo = [o for o in oracle.records if tuple(cand[o.id].token_ids[: len(o.token_ids)]) != tuple(o.token_ids)]
+    progress.phase("force", len(todo))
+    forced: dict[str, PromptRecord] = {}
+    for o in todo:
+        prior = (known or {}).get(o.id)
+        if prior is not None and prior.forced_token_ids is not None:
+            forced[o.id] = replace(cand[o.id], forced_token_ids=prior.forced_token_ids, extra=dict(prior.extra))
+            progress.advance()
+            continue
+        # Only the choices are needed: no top-k lists (top_k 0) saves a softmax per step.
+        fd = engine_call(engine, "force", partial(engine.force, o.prompt_token_ids, o.token_ids, 0))
+        if len(fd.token_ids) != len(o.token_ids):
+            raise EngineError(
+                f"engine {name!r}: force returned {len(fd.token_ids)} choices for {len(o.token_ids)} tokens "
+                f"(prompt {o.id!r})"
+            )
+        c = cand[o.id]
+        forced[o.id] = replace(
+            c, forced_token_ids=tuple(int(t) for t in fd.token_ids), extra={**c.extra, "forced_mode": fd.mode}
+        )
+        progress.advance()
+    return replace(free, records=tuple(forced.get(r.id, r) for r in free.records))
+
+
+def _same_tokens(reference: Trace, pin: Trace, forced: Trace) -> dict[str, PromptRecord]:
+    """The records of `forced` (forced along the reference) usable against the pin: those of
+    prompts where the reference and the pin have the same tokens."""
+    ref = reference.by_id()
+    done = forced.by_id()
+    return {r.id: done[r.id] for r in pin.records if r.id in ref and ref[r.id].token_ids == r.token_ids}
+
+
 @contextmanager
 def _engine(load: Callable[[], Engine], name: str) -> Iterator[Engine]:
     engine = engine_call(name, "load", load)
@@ -335,9 +386,8 @@ def run_selftest(
         info = engine_call(engine, "info", engine.info)
         base_free = run_candidate(engine, pin, progress=progress, info=info)
         reference = reference_trace(base_free)
-        base_forced, _ = force_diverged(engine, pin, base_free, progress=progress)
+        base_forced = force_along(engine, pin.trace, base_free, progress=progress)
     baseline_vs_pin = compare(pin.trace, base_forced, doctrine)
-    ref_pin = replace(pin, trace=reference)
 
     outcomes: list[MutantOutcome] = []
     for m in mutations:
@@ -345,8 +395,9 @@ def run_selftest(
         t0 = time.perf_counter()
         with _engine(m.load, m.name) as engine:
             free = run_candidate(engine, pin, progress=progress)
-            vs_ref, _ = force_diverged(engine, ref_pin, free, progress=progress)
-            vs_pin, _ = force_diverged(engine, pin, free, progress=progress)
+            vs_ref = force_along(engine, reference, free, progress=progress)
+            known = _same_tokens(reference, pin.trace, vs_ref)
+            vs_pin = force_along(engine, pin.trace, free, known=known, progress=progress)
         r_ref = compare(reference, vs_ref, doctrine)
         r_pin = compare(pin.trace, vs_pin, doctrine)
         prompts, changed = changed_positions(reference, vs_ref)

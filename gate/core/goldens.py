@@ -1,0 +1,792 @@
+"""Goldens: a candidate engine's own greedy outputs, kept so that a change to the engine
+can be proven inert, or its every effect explained.
+
+A golden is a trace v1 file (role candidate) at `goldens/<org>/<model>/<engine>.jsonl`:
+the engine's token ids for every pinned prompt, with the provenance of the run in its
+header (engine name, version and options, device, dtype, the weights and tokenizer
+hashes, gate's git commit when known, and the pin it was taken against: its path and
+sha256). One golden per engine and model; the options it was recorded with are in the
+header, and `gate goldens check` lists any option that differs now.
+
+Checking re-runs the engine over the pinned prompts. For every prompt whose tokens moved,
+the first moved position is judged against the oracle pin, where the golden still shares
+the oracle's context there (its tokens before that position are the oracle's):
+- "was recording a tie-break": the oracle holds the old and the new token at an exact tie
+  (bit-identical logprobs), both ratified by the doctrine against the oracle's choice;
+- "near-tie flip": both within the doctrine's near-tie threshold of the oracle's choice;
+- "real change": anything else, or no oracle evidence (the golden had already left the
+  oracle's path, or a token is outside the oracle's top-k).
+
+Like `gate.core.runner`, these are plain functions over the engine contract: no printing,
+no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from gate import __version__
+from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, classify
+from gate.core.doctrine import Doctrine
+from gate.core.pins import Pin, check_model_id
+from gate.core.runner import (
+    HASH_KEYS,
+    Progress,
+    check_prompt_ids,
+    check_provenance,
+    engine_call,
+    model_hashes,
+    run_candidate,
+)
+from gate.core.trace import PromptRecord, Trace, TraceHeader, encode_trace
+from gate.engines.base import Engine
+from gate.errors import InputError, PinError
+
+GOLDENS_DIRNAME = "goldens"
+ENV_GOLDENS_DIR = "GATE_GOLDENS_DIR"
+GOLDEN_VERSION = 1
+DEFAULT_ENGINE = "hf"
+
+# The causes of a move, and how reports name them.
+TIE_BREAK = "tie_break"
+NEAR_TIE_FLIP = "near_tie_flip"
+REAL_CHANGE = "real_change"
+CAUSES = (TIE_BREAK, NEAR_TIE_FLIP, REAL_CHANGE)
+CAUSE_LABELS = {
+    TIE_BREAK: "was recording a tie-break",
+    NEAR_TIE_FLIP: "near-tie flip",
+    REAL_CHANGE: "real change",
+}
+
+# A token the oracle chose itself; the adjudication classes for any other.
+_MATCH = "match"
+_RATIFIED = frozenset({_MATCH, EXACT_TIE, NEAR_TIE})
+
+# The checkout gate runs from (an editable install): its goldens/ holds the committed ones.
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+# Engine provenance that says where a file lay on the recording machine, not what ran.
+_LOCAL_INFO_KEYS = ("model_path",)
+
+
+# --------------------------------------------------------------------------- locating
+
+
+def engine_key(engine: str) -> str:
+    """The file name stem for an engine: its name, with anything but letters, digits, `.`,
+    `_`, `-` and `@` made `_` (so `module:Class` names stay one file in the folder)."""
+    key = re.sub(r"[^A-Za-z0-9._@-]", "_", engine.strip())
+    if not key or key.strip(".") == "":
+        raise InputError(f"--engine {engine!r}: not a usable engine name for a golden file")
+    return key
+
+
+def search_roots(goldens_dir: Path | None = None, *, cwd: Path | None = None) -> list[Path]:
+    """Where goldens are looked for, in order: --goldens-dir; else $GATE_GOLDENS_DIR; else
+    ./goldens and the goldens/ of the checkout gate runs from (as pins are found)."""
+    if goldens_dir is not None:
+        return [Path(goldens_dir)]
+    env = os.environ.get(ENV_GOLDENS_DIR)
+    if env:
+        return [Path(env)]
+    here = (cwd or Path.cwd()) / GOLDENS_DIRNAME
+    roots = [here]
+    repo = _REPO_ROOT / GOLDENS_DIRNAME
+    if repo.resolve() != here.resolve():
+        roots.append(repo)
+    return roots
+
+
+def golden_path(model: str, engine: str, root: Path) -> Path:
+    """`root/<org>/<model>/<engine>.jsonl`; a model id that would leave `root` is an input error."""
+    check_model_id(model)
+    path = Path(root).joinpath(*model.split("/"), f"{engine_key(engine)}.jsonl")
+    if not path.resolve().is_relative_to(Path(root).resolve()):
+        raise InputError(f"--model {model!r}: {path} leads outside {root}")
+    return path
+
+
+def find_golden(model: str, engine: str, goldens_dir: Path | None = None) -> Path:
+    """The golden file in the first search root that has one; none is an input error that
+    says how to record it."""
+    roots = search_roots(goldens_dir)
+    for root in roots:
+        path = golden_path(model, engine, root)
+        if path.is_file():
+            return path
+    looked = ", ".join(str(r) for r in roots)
+    flag = f" --goldens-dir {goldens_dir}" if goldens_dir is not None else ""
+    raise InputError(
+        f"no golden for {model} with engine {engine!r} (looked for {golden_path(model, engine, roots[0]).name} "
+        f"under {looked}). Record one first:\n  gate goldens record --model {model} --engine {engine}{flag}"
+    )
+
+
+def path_for_writing(model: str, engine: str, goldens_dir: Path | None = None) -> Path:
+    """Where `gate goldens record` writes: the existing golden if any, else under the first root."""
+    roots = search_roots(goldens_dir)
+    for root in roots:
+        path = golden_path(model, engine, root)
+        if path.is_file():
+            return path
+    return golden_path(model, engine, roots[0])
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def display_path(path: Path, *, cwd: Path | None = None) -> str:
+    """A path as a golden header records it: relative to the working folder or to gate's
+    checkout when under either (so committed goldens do not name one machine's folders)."""
+    real = Path(path).resolve()
+    for base in (cwd or Path.cwd(), _REPO_ROOT):
+        if real.is_relative_to(base.resolve()):
+            return real.relative_to(base.resolve()).as_posix()
+    return str(path)
+
+
+def project_commit(root: Path = _REPO_ROOT) -> dict[str, Any]:
+    """gate's own git commit (`git_commit`) and whether tracked files differ from it
+    (`git_dirty`), when gate runs from a git checkout; empty otherwise."""
+    if not (root / ".git").exists():
+        return {}
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    out: dict[str, Any] = {"git_commit": commit}
+    if status is not None:
+        out["git_dirty"] = bool(status)
+    return out
+
+
+def pin_reference(pin: Pin) -> dict[str, Any]:
+    """The pin a golden is taken against: its path, the file's sha256, its suite's hash."""
+    ref: dict[str, Any] = {
+        "path": display_path(pin.folder.pin_path),
+        "sha256": file_sha256(pin.folder.pin_path) if pin.folder.pin_path.is_file() else None,
+        "suite_sha256": pin.suite.sha256,
+        "created_at": pin.provenance("created_at"),
+    }
+    return {k: v for k, v in ref.items() if v is not None}
+
+
+def golden_header(
+    *,
+    pin: Pin,
+    info: Mapping[str, Any],
+    options: Mapping[str, str],
+    hashes: Mapping[str, str] | None = None,
+    git: Mapping[str, Any] | None = None,
+    created_at: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> TraceHeader:
+    """A golden's header: the engine's own `info()` (name, version, options, ...), the
+    options given on the command line, device, dtype, hashes, gate's commit and the pin."""
+    engine = {k: v for k, v in info.items() if k not in _LOCAL_INFO_KEYS}
+    engine.setdefault("name", "unknown")
+    engine.setdefault("version", "unknown")
+    head: dict[str, Any] = {
+        "golden": GOLDEN_VERSION,
+        "engine_options": dict(options),
+        "device": info.get("device"),
+        "dtype": info.get("dtype"),
+        **dict(hashes or {}),
+        "gate_version": __version__,
+        **dict(git if git is not None else project_commit()),
+        "pin": pin_reference(pin),
+        "created_at": created_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **dict(extra or {}),
+    }
+    head = {k: v for k, v in head.items() if v is not None}
+    return TraceHeader(role="candidate", model=pin.model, top_k=0, engine=engine, extra=head)
+
+
+def golden_record(rec: PromptRecord, tokens: Sequence[str] | None = None) -> PromptRecord:
+    """What a golden keeps of a candidate record: ids, tokens and their text (`tokens`
+    where the record has none), why it ended. Logprobs and engine extras are left out: a
+    golden records choices, and its diff in review shows only them."""
+    texts = rec.tokens if rec.tokens is not None else tokens
+    return PromptRecord(
+        id=rec.id,
+        prompt_token_ids=tuple(rec.prompt_token_ids),
+        token_ids=tuple(rec.token_ids),
+        finish_reason=rec.finish_reason,
+        prompt=rec.prompt,
+        tokens=tuple(texts) if texts is not None and len(texts) == len(rec.token_ids) else None,
+    )
+
+
+def encode_golden(golden: Trace) -> bytes:
+    return encode_trace(golden.header, golden.records)
+
+
+def check_golden_against_pin(golden: Trace, pin: Pin) -> None:
+    """The golden must be of the pin's model and its very prompts: same ids, same prompt
+    token ids. Otherwise its tokens answer other questions (exit 2)."""
+    where = golden.path
+    if golden.header.model != pin.model:
+        raise InputError(f"{where}: the golden is for model {golden.header.model!r}, the pin for {pin.model!r}")
+    pinned = pin.trace.by_id()
+    ids = [r.id for r in golden.records]
+    missing = [i for i in pinned if i not in set(ids)]
+    extra = [i for i in ids if i not in pinned]
+    if missing or extra:
+        raise InputError(
+            f"{where}: its prompts are not the pin's ({pin.folder.pin_path}): not in the golden {missing[:5]}, "
+            f"not in the pin {extra[:5]}; re-record it: gate goldens record --force"
+        )
+    for rec in golden.records:
+        if rec.prompt_token_ids != pinned[rec.id].prompt_token_ids:
+            raise InputError(
+                f"{where}: prompt {rec.id!r}: its prompt token ids differ from the pin's ({pin.folder.pin_path}); "
+                "the pin was re-recorded with another tokenizer or template: re-record the golden "
+                "(gate goldens record --force)"
+            )
+
+
+def check_golden_provenance(golden: Trace, info: Mapping[str, Any], engine_name: str) -> None:
+    """The same engine, and the same weights and tokenizer where the golden and the engine
+    both report a hash; a difference is a provenance mismatch (exit 2), not a move."""
+    recorded = str(golden.header.engine.get("name", ""))
+    running = str(info.get("name", engine_name))
+    if recorded and recorded != running:
+        raise PinError(
+            f"{golden.path}: the golden was recorded by engine {recorded!r}, this run uses {running!r}: "
+            "goldens hold one engine's own outputs"
+        )
+    now = model_hashes(info)
+    for key in HASH_KEYS:
+        was = golden.header.extra.get(key)
+        if was and now.get(key) and was != now[key]:
+            what = key.removesuffix("_sha256")
+            raise PinError(
+                f"provenance mismatch: {golden.path} was recorded on {what} {was}, the engine now runs {now[key]}"
+            )
+
+
+# --------------------------------------------------------------------------- moves
+
+
+@dataclass(frozen=True, slots=True)
+class GoldenMove:
+    """One prompt whose tokens moved: where first, from what to what, and why."""
+
+    prompt_id: str
+    position: int
+    old_token: int | None  # the golden's token there; None: the golden ended before it
+    new_token: int | None  # the new run's; None: the new run ended before it
+    cause: str
+    reason: str
+    old_text: str | None = None
+    new_text: str | None = None
+    # The oracle's view of the position (None where it has none).
+    shares_oracle_context: bool = False
+    oracle_token: int | None = None
+    oracle_text: str | None = None
+    oracle_logprob: float | None = None
+    old_logprob: float | None = None
+    new_logprob: float | None = None
+    gap_mnats: float | None = None  # oracle logprob of the old token minus the new's
+    old_class: str | None = None  # "match", "exact_tie", "near_tie", "defect" against the oracle
+    new_class: str | None = None
+    tie_break: str | None = None  # exact ties: "lower_id" when the new token's id is lower
+    # The new run's own logprob of its token minus that of the old token (its top-k, if any).
+    candidate_gap_mnats: float | None = None
+    moved_positions: int = 0  # positions whose token differs, this one and all downstream
+    golden_length: int = 0
+    candidate_length: int = 0
+    prompt: str | None = None
+
+    @property
+    def label(self) -> str:
+        return CAUSE_LABELS[self.cause]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_id": self.prompt_id,
+            "position": self.position,
+            "old_token": self.old_token,
+            "new_token": self.new_token,
+            "old_text": self.old_text,
+            "new_text": self.new_text,
+            "cause": self.cause,
+            "label": self.label,
+            "reason": self.reason,
+            "shares_oracle_context": self.shares_oracle_context,
+            "oracle_token": self.oracle_token,
+            "oracle_text": self.oracle_text,
+            "oracle_logprob": self.oracle_logprob,
+            "old_logprob": self.old_logprob,
+            "new_logprob": self.new_logprob,
+            "gap_mnats": self.gap_mnats,
+            "old_class": self.old_class,
+            "new_class": self.new_class,
+            "tie_break": self.tie_break,
+            "candidate_gap_mnats": self.candidate_gap_mnats,
+            "moved_positions": self.moved_positions,
+            "golden_length": self.golden_length,
+            "candidate_length": self.candidate_length,
+        }
+
+
+def _text(rec: PromptRecord | None, i: int) -> str | None:
+    if rec is None or rec.tokens is None or i >= len(rec.tokens):
+        return None
+    return rec.tokens[i]
+
+
+def _at(ids: Sequence[int], i: int) -> int | None:
+    return ids[i] if i < len(ids) else None
+
+
+def first_move(old: Sequence[int], new: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (one ending counts), or None."""
+    if tuple(old) == tuple(new):
+        return None
+    n = min(len(old), len(new))
+    return next((i for i in range(n) if old[i] != new[i]), n)
+
+
+def _token_name(token: int, text: str | None) -> str:
+    return f"{token} {text!r}" if text is not None else str(token)
+
+
+def judge_move(
+    golden: PromptRecord,
+    candidate: PromptRecord,
+    oracle: PromptRecord | None,
+    doctrine: Doctrine,
+    position: int,
+) -> GoldenMove:
+    """Judge the first moved position of one prompt against the oracle's record."""
+    g, c = golden.token_ids, candidate.token_ids
+    old, new = _at(g, position), _at(c, position)
+    span = max(len(g), len(c))
+    moved = sum(1 for i in range(position, span) if _at(g, i) != _at(c, i))
+    base = GoldenMove(
+        prompt_id=golden.id,
+        position=position,
+        old_token=old,
+        new_token=new,
+        cause=REAL_CHANGE,
+        reason="",
+        old_text=_text(golden, position),
+        new_text=_text(candidate, position),
+        candidate_gap_mnats=_own_gap(candidate, position, old, new),
+        moved_positions=moved,
+        golden_length=len(g),
+        candidate_length=len(c),
+        prompt=golden.prompt if golden.prompt is not None else candidate.prompt,
+    )
+
+    def real(reason: str, **kw: Any) -> GoldenMove:
+        return replace(base, cause=REAL_CHANGE, reason=reason, **kw)
+
+    if oracle is None:
+        return real("no oracle evidence: the pin has no record of this prompt")
+    o = oracle.token_ids
+    left = next((i for i in range(position) if i >= len(o) or g[i] != o[i]), None)
+    if left is not None:
+        was = "ended" if left >= len(o) else f"took {o[left]}"
+        return real(
+            f"no oracle evidence: the golden left the oracle's path at position {left} "
+            f"(golden {g[left]}, oracle {was}), so the oracle never saw this context"
+        )
+    top_lists = oracle.top_logprobs
+    if position >= len(o) or top_lists is None:
+        return real(f"no oracle evidence: the oracle's continuation ends at position {len(o)}")
+    ctx: dict[str, Any] = {
+        "shares_oracle_context": True,
+        "oracle_token": o[position],
+        "oracle_text": _text(oracle, position),
+    }
+    if old is None or new is None:
+        which = "golden" if old is None else "new run"
+        return real(f"the {which} ended at position {position}, the other did not", **ctx)
+    top = top_lists[position]
+    lps = {int(t): float(lp) for t, lp in top}
+    ctx["oracle_logprob"] = lps.get(o[position])
+    old_lp, new_lp = lps.get(old), lps.get(new)
+    ctx["old_logprob"], ctx["new_logprob"] = old_lp, new_lp
+    old_cls = _class_against_oracle(oracle, position, old, doctrine)
+    new_cls = _class_against_oracle(oracle, position, new, doctrine)
+    ctx["old_class"], ctx["new_class"] = old_cls, new_cls
+    if old_lp is None or new_lp is None:
+        outside = [
+            _token_name(t, x) for t, lp, x in ((old, old_lp, base.old_text), (new, new_lp, base.new_text)) if lp is None
+        ]
+        return real(
+            f"the oracle's top-{len(top)} at position {position} does not hold {' or '.join(outside)}: "
+            f"no evidence of a tie",
+            **ctx,
+        )
+    gap = 1000.0 * (old_lp - new_lp)
+    ctx["gap_mnats"] = gap
+    both_ratified = old_cls in _RATIFIED and new_cls in _RATIFIED
+    if old_lp == new_lp:
+        # torch.argmax (and vLLM's greedy sampler) takes the lowest id among equal maxima.
+        tie_break = "lower_id" if new < old else "higher_id"
+        if both_ratified:
+            return replace(
+                base,
+                cause=TIE_BREAK,
+                tie_break=tie_break,
+                reason=(
+                    f"the oracle holds {old} and {new} at an exact tie (logprob {old_lp!r} bit for bit); "
+                    f"the golden took the {'higher' if new < old else 'lower'} id, the new run the "
+                    f"{'lower' if new < old else 'higher'}"
+                ),
+                **ctx,
+            )
+        below = 1000.0 * (lps[o[position]] - old_lp)
+        return real(
+            f"the oracle holds {old} and {new} at an exact tie, but {below:.1f} mnats below its own choice "
+            f"{o[position]}: both are defects against the oracle",
+            tie_break=tie_break,
+            **ctx,
+        )
+    if both_ratified:
+        return replace(
+            base,
+            cause=NEAR_TIE_FLIP,
+            reason=(
+                f"the oracle holds {old} and {new} {abs(gap):.1f} mnats apart, both within the doctrine's near-tie "
+                f"threshold of its choice {o[position]}"
+            ),
+            **ctx,
+        )
+    worst = old if old_cls not in _RATIFIED else new
+    below = 1000.0 * (lps[o[position]] - lps[worst])
+    return real(
+        f"the oracle rates {'the old' if worst == old else 'the new'} token {worst} {below:.1f} mnats below its "
+        f"choice {o[position]}, beyond the doctrine's near-tie threshold",
+        **ctx,
+    )
+
+
+def _class_against_oracle(oracle: PromptRecord, position: int, token: int | None, doctrine: Doctrine) -> str | None:
+    """The oracle's own token is a "match"; any other gets the class of taking it there."""
+    if token is None or oracle.top_logprobs is None:
+        return None
+    chosen = oracle.token_ids[position]
+    if token == chosen:
+        return _MATCH
+    logits = oracle.extra.get("token_logits")
+    top_logit = None
+    if isinstance(logits, list) and position < len(logits) and isinstance(logits[position], (int, float)):
+        top_logit = float(logits[position])
+    d = classify(
+        prompt_id=oracle.id,
+        position=position,
+        source="free_run",
+        top=oracle.top_logprobs[position],
+        oracle_token=chosen,
+        candidate_token=token,
+        doctrine=doctrine,
+        top_logit=top_logit,
+    )
+    return d.cls
+
+
+def _own_gap(candidate: PromptRecord, position: int, old: int | None, new: int | None) -> float | None:
+    """The new run's own logprob of its token minus the old token's, from its top-k."""
+    top = candidate.top_logprobs
+    if top is None or old is None or new is None or position >= len(top):
+        return None
+    lps = {int(t): float(lp) for t, lp in top[position]}
+    if old not in lps or new not in lps:
+        return None
+    return 1000.0 * (lps[new] - lps[old])
+
+
+def find_moves(golden: Trace, candidate: Trace, oracle: Trace, doctrine: Doctrine) -> tuple[GoldenMove, ...]:
+    """Every prompt of the golden whose tokens moved in `candidate`, in the golden's order."""
+    cand = candidate.by_id()
+    pinned = oracle.by_id()
+    missing = [r.id for r in golden.records if r.id not in cand]
+    if missing:
+        raise InputError(f"{candidate.path}: no record for golden prompt(s) {missing[:5]}")
+    moves = []
+    for g in golden.records:
+        c = cand[g.id]
+        p = first_move(g.token_ids, c.token_ids)
+        if p is not None:
+            moves.append(judge_move(g, c, pinned.get(g.id), doctrine, p))
+    return tuple(moves)
+
+
+# --------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True, slots=True)
+class GoldensResult:
+    """What `gate goldens check` found; owns its exit code (0 nothing moved, 1 moved)."""
+
+    model: str
+    engine: str
+    golden_path: str
+    prompts: int
+    positions: int
+    moves: tuple[GoldenMove, ...]
+    doctrine: Doctrine
+    golden_engine: Mapping[str, Any] = field(default_factory=dict)
+    candidate_engine: Mapping[str, Any] = field(default_factory=dict)
+    # Engine options whose value differs: name -> (golden's, now).
+    option_changes: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    pin: Mapping[str, Any] = field(default_factory=dict)
+    golden_created_at: str | None = None
+    # With --accept: the rewritten golden and the backup of the old one.
+    accepted: str | None = None
+    backup: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def moved(self) -> bool:
+        return bool(self.moves)
+
+    @property
+    def verdict(self) -> str:
+        if not self.moves:
+            return "unchanged"
+        return "accepted" if self.accepted else "moved"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.moves and not self.accepted else 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        causes = [m.cause for m in self.moves]
+        return {
+            "prompts": self.prompts,
+            "moved": len(self.moves),
+            "unchanged": self.prompts - len(self.moves),
+            "positions": self.positions,
+            "moved_positions": sum(m.moved_positions for m in self.moves),
+            "tie_breaks": causes.count(TIE_BREAK),
+            "near_tie_flips": causes.count(NEAR_TIE_FLIP),
+            "real_changes": causes.count(REAL_CHANGE),
+        }
+
+    @property
+    def summary(self) -> str:
+        return goldens_summary(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gate_goldens": GOLDEN_VERSION,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "summary": self.summary,
+            "model": self.model,
+            "engine": self.engine,
+            "golden": self.golden_path,
+            "golden_created_at": self.golden_created_at,
+            "doctrine": self.doctrine.to_dict(),
+            "counts": self.counts,
+            "moves": [m.to_dict() for m in self.moves],
+            "golden_engine": dict(self.golden_engine),
+            "candidate_engine": dict(self.candidate_engine),
+            "option_changes": {k: list(v) for k, v in self.option_changes.items()},
+            "pin": dict(self.pin),
+            "accepted": self.accepted,
+            "backup": self.backup,
+            "notes": list(self.notes),
+        }
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def goldens_summary(result: GoldensResult) -> str:
+    """`3/41 goldens moved (3 were recording a tie-break, 0 near-tie flips, 0 real changes)`."""
+    c = result.counts
+    if not result.moves:
+        return f"0/{c['prompts']} goldens moved: every prompt gives the golden's {c['positions']} tokens"
+    tie = "was" if c["tie_breaks"] == 1 else "were"
+    line = (
+        f"{c['moved']}/{c['prompts']} goldens moved ({c['tie_breaks']} {tie} recording a tie-break, "
+        f"{_plural(c['near_tie_flips'], 'near-tie flip', 'near-tie flips')}, "
+        f"{_plural(c['real_changes'], 'real change', 'real changes')})"
+    )
+    if result.accepted:
+        line += f"; accepted: {result.accepted} rewritten"
+    return line
+
+
+def option_changes(golden_info: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Engine options whose values differ between the golden's engine and this run's
+    (from `info()["options"]`, else the options given on the command line)."""
+    was = golden_info.get("options")
+    now = info.get("options")
+    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
+        return {}
+    return {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
+
+
+def _engine_summary(info: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("name", "version", "device", "dtype", "tie_break", "options")
+    return {k: info[k] for k in keys if info.get(k) is not None}
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _decode(engine: Engine, ids: Sequence[int]) -> list[str] | None:
+    texts = engine_call(engine, "decode_tokens", partial(engine.decode_tokens, list(ids)))
+    return list(texts) if texts is not None and len(texts) == len(ids) else None
+
+
+def golden_records(engine: Engine, run: Trace) -> tuple[PromptRecord, ...]:
+    """The golden's records of a free run, with the engine's token text where the run has none."""
+    return tuple(
+        golden_record(r, _decode(engine, r.token_ids) if r.tokens is None and r.token_ids else None)
+        for r in run.records
+    )
+
+
+def with_token_texts(engine: Engine, moves: Sequence[GoldenMove]) -> tuple[GoldenMove, ...]:
+    """Fill the text of the old, new and oracle tokens of each move where it is missing."""
+    wanted = sorted(
+        {
+            t
+            for m in moves
+            for t, text in ((m.old_token, m.old_text), (m.new_token, m.new_text), (m.oracle_token, m.oracle_text))
+            if t is not None and text is None
+        }
+    )
+    texts = _decode(engine, wanted) if wanted else None
+    if texts is None:
+        return tuple(moves)
+    text = dict(zip(wanted, texts, strict=True))
+
+    def fill(token: int | None, have: str | None) -> str | None:
+        return have if have is not None or token is None else text.get(token)
+
+    return tuple(
+        replace(
+            m,
+            old_text=fill(m.old_token, m.old_text),
+            new_text=fill(m.new_token, m.new_text),
+            oracle_text=fill(m.oracle_token, m.oracle_text),
+        )
+        for m in moves
+    )
+
+
+def record_golden(
+    engine: Engine,
+    pin: Pin,
+    *,
+    options: Mapping[str, str],
+    path: str = "<golden>",
+    progress: Progress | None = None,
+    check_hashes: bool = True,
+) -> Trace:
+    """Run the engine greedily over the pinned prompts and return the golden (not yet written)."""
+    info = engine_call(engine, "info", engine.info)
+    if check_hashes:
+        check_provenance(pin, info, where=f"engine {engine.name!r}")
+    check_prompt_ids(engine, pin)
+    run = run_candidate(engine, pin, progress=progress, info=info)
+    header = golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info))
+    return Trace(header=header, records=golden_records(engine, run), path=path)
+
+
+def check_golden(
+    engine: Engine,
+    pin: Pin,
+    golden: Trace,
+    doctrine: Doctrine,
+    *,
+    options: Mapping[str, str],
+    progress: Progress | None = None,
+    check_hashes: bool = True,
+) -> tuple[GoldensResult, Trace]:
+    """Re-run the engine over the pinned prompts and judge every golden that moved.
+
+    Returns the result and the fresh golden (what `--accept` writes)."""
+    check_golden_against_pin(golden, pin)
+    info = engine_call(engine, "info", engine.info)
+    check_golden_provenance(golden, info, engine.name)
+    if check_hashes:
+        check_provenance(pin, info, where=f"engine {engine.name!r}")
+    check_prompt_ids(engine, pin)
+    run = run_candidate(engine, pin, progress=progress, info=info)
+    moves = with_token_texts(engine, find_moves(golden, run, pin.trace, doctrine))
+    fresh = Trace(
+        header=golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info)),
+        records=golden_records(engine, run),
+        path=golden.path,
+    )
+    ref = pin_reference(pin)
+    recorded = golden.header.extra.get("pin")
+    notes = []
+    if isinstance(recorded, Mapping) and recorded.get("sha256") and recorded.get("sha256") != ref.get("sha256"):
+        notes.append(
+            f"the pin has changed since the golden was recorded (sha256 {str(recorded.get('sha256'))[:12]}... then, "
+            f"{str(ref.get('sha256'))[:12]}... now): causes are judged against the pin as it is now"
+        )
+    changes = option_changes(golden.header.engine, info)
+    result = GoldensResult(
+        model=pin.model,
+        engine=engine.name,
+        golden_path=golden.path,
+        prompts=len(golden.records),
+        positions=sum(len(r.token_ids) for r in golden.records),
+        moves=moves,
+        doctrine=doctrine,
+        golden_engine=_engine_summary(golden.header.engine),
+        candidate_engine=_engine_summary(info),
+        option_changes=changes,
+        pin={**ref, "recorded": dict(recorded) if isinstance(recorded, Mapping) else None},
+        golden_created_at=_str_or_none(golden.header.extra.get("created_at")),
+        notes=tuple(notes),
+    )
+    return result, fresh
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def accepted_golden(old: Trace, fresh: Trace, moves: Sequence[GoldenMove]) -> Trace:
+    """The golden `--accept` writes: the moved prompts' new records, the others' old ones
+    (their tokens did not move), under the new run's header with a note of what moved."""
+    moved = {m.prompt_id for m in moves}
+    new = fresh.by_id()
+    records = tuple(new[r.id] if r.id in moved else r for r in old.records)
+    note = {
+        "moved": sorted(moved),
+        "replaced_created_at": old.header.extra.get("created_at"),
+    }
+    header = replace(fresh.header, extra={**fresh.header.extra, "accepted": note})
+    return Trace(header=header, records=records, path=old.path)

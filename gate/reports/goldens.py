@@ -1,0 +1,191 @@
+"""Renderers for `gate goldens check`: pure functions of a `GoldensResult`.
+
+`render_goldens(result, fmt)` gives JSON, Markdown or the rich report as plain text;
+`print_goldens(result, console)` prints the rich report. Wording and number formats are
+the core reports' (`gate.reports._common`), so a tie reads the same in every report.
+"""
+
+from __future__ import annotations
+
+import io
+
+import orjson
+from rich import box
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gate.core.goldens import CAUSE_LABELS, NEAR_TIE_FLIP, REAL_CHANGE, TIE_BREAK, GoldenMove, GoldensResult
+from gate.reports._common import TIE_BREAK_RULE, fmt_logprob, fmt_mnats, token_label
+from gate.reports.markdown import cell
+from gate.reports.terminal import TEXT_WIDTH
+
+FORMATS = ("rich", "json", "markdown")
+CAUSE_STYLES = {TIE_BREAK: "bold cyan", NEAR_TIE_FLIP: "bold yellow", REAL_CHANGE: "bold red"}
+CAUSE_ICONS = {TIE_BREAK: "🟦", NEAR_TIE_FLIP: "🟨", REAL_CHANGE: "🟥"}
+VERDICT_STYLES = {"unchanged": "bold green", "accepted": "bold cyan", "moved": "bold red"}
+VERDICT_ICONS = {"unchanged": "✅", "accepted": "☑️", "moved": "❌"}
+# Past this many moves the rich report lists the rest without their reasons.
+MAX_REASONS = 40
+
+
+def render_goldens(result: GoldensResult, fmt: str) -> str:
+    if fmt == "json":
+        return render_goldens_json(result)
+    if fmt == "markdown":
+        return render_goldens_markdown(result)
+    return render_goldens_text(result)
+
+
+# --------------------------------------------------------------------------- shared wording
+
+
+def old_label(m: GoldenMove) -> str:
+    return token_label(m.old_token, m.old_text) if m.old_token is not None else "none (the golden ended)"
+
+
+def new_label(m: GoldenMove) -> str:
+    return token_label(m.new_token, m.new_text) if m.new_token is not None else "none (the new run ended)"
+
+
+def verdict_line(result: GoldensResult) -> str:
+    return f"verdict: {result.verdict} (exit {result.exit_code})"
+
+
+def head_lines(result: GoldensResult) -> list[str]:
+    """Model, engines, golden, pin, doctrine, option changes and notes: one line each."""
+    ge, ce = result.golden_engine, result.candidate_engine
+    lines = [
+        f"model {result.model}; golden {result.golden_path}"
+        + (f" (recorded {result.golden_created_at})" if result.golden_created_at else "")
+    ]
+    lines.append(
+        f"golden engine {ge.get('name', '?')} {ge.get('version', '?')} vs now {ce.get('name', '?')} "
+        f"{ce.get('version', '?')}"
+    )
+    pin = result.pin
+    if pin.get("path"):
+        lines.append(
+            f"causes judged against the pin {pin['path']}"
+            + (f" (sha256 {pin['sha256'][:12]})" if pin.get("sha256") else "")
+        )
+    d = result.doctrine
+    near = f"near ties up to {fmt_mnats(d.near_tie_mnats)} mnats"
+    if d.near_tie_ulps is not None:
+        near += f" or {d.near_tie_ulps:g} {d.dtype or 'bfloat16'} grid steps"
+    lines.append(f"doctrine: {near}")
+    if result.option_changes:
+        changed = ", ".join(f"{k} {was!r} → {now!r}" for k, (was, now) in result.option_changes.items())
+        lines.append(f"engine options changed since the golden: {changed}")
+    lines += [f"note: {n}" for n in result.notes]
+    if result.accepted:
+        kept = f"; the old one kept as {result.backup}" if result.backup else ""
+        lines.append(f"accepted: {result.accepted} rewritten with the new tokens of the moved prompts{kept}")
+    return lines
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def render_goldens_json(result: GoldensResult) -> str:
+    return orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2).decode("utf-8") + "\n"
+
+
+# --------------------------------------------------------------------------- rich
+
+
+def goldens_parts(result: GoldensResult, *, max_reasons: int = MAX_REASONS) -> list[RenderableType]:
+    parts: list[RenderableType] = [Text("gate goldens check", style="bold")]
+    parts += [Text(line, style="dim") for line in head_lines(result)]
+    if result.moves:
+        parts.append(moves_table(result))
+        reasons = Text()
+        for m in result.moves[:max_reasons]:
+            reasons.append(f"{m.prompt_id} @ {m.position}: ", style="bold")
+            reasons.append(m.label, style=CAUSE_STYLES[m.cause])
+            reasons.append(f": {m.reason}\n")
+        if len(result.moves) > max_reasons:
+            reasons.append(f"... and {len(result.moves) - max_reasons} more (see --format json)\n", style="dim")
+        if any(m.cause == TIE_BREAK for m in result.moves):
+            reasons.append(
+                f"At an exact tie the choice is the engine's tie-break rule: {TIE_BREAK_RULE}.\n", style="dim"
+            )
+        parts.append(reasons)
+    parts.append(Text(result.summary, style="bold"))
+    parts.append(Text(verdict_line(result), style=VERDICT_STYLES.get(result.verdict, "bold")))
+    return parts
+
+
+def moves_table(result: GoldensResult) -> Table:
+    table = Table(title="Moved goldens", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("prompt", overflow="fold")
+    table.add_column("pos", justify="right")
+    table.add_column("old", overflow="fold")
+    table.add_column("new", overflow="fold")
+    table.add_column("oracle", overflow="fold")
+    table.add_column("old − new", justify="right")
+    table.add_column("cause", no_wrap=True)
+    table.add_column("moved", justify="right")
+    for m in result.moves:
+        table.add_row(
+            m.prompt_id,
+            str(m.position),
+            old_label(m),
+            new_label(m),
+            token_label(m.oracle_token, m.oracle_text) if m.shares_oracle_context else "— (left its path)",
+            "—" if m.gap_mnats is None else f"{fmt_mnats(m.gap_mnats)} mnats",
+            Text(m.label, style=CAUSE_STYLES[m.cause]),
+            f"{m.moved_positions}/{max(m.golden_length, m.candidate_length)}",
+        )
+    table.caption = "old − new: the oracle's logprob of the old token minus the new's; moved: positions that differ"
+    table.caption_justify = "left"
+    return table
+
+
+def print_goldens(result: GoldensResult, console: Console) -> None:
+    for part in goldens_parts(result):
+        console.print(part)
+
+
+def render_goldens_text(result: GoldensResult, *, width: int = TEXT_WIDTH) -> str:
+    """The rich report as plain text: fixed width, no colour, no terminal codes."""
+    buf = io.StringIO()
+    console = Console(
+        file=buf, width=width, color_system=None, force_terminal=False, highlight=False, emoji=False, soft_wrap=False
+    )
+    print_goldens(result, console)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def render_goldens_markdown(result: GoldensResult) -> str:
+    verdict = result.verdict
+    lines = [
+        f"## {VERDICT_ICONS.get(verdict, '')} gate goldens: {verdict}",
+        "",
+        f"**{cell(result.summary)}**",
+        "",
+        *[f"- {cell(line)}" for line in [verdict_line(result), *head_lines(result)]],
+        "",
+    ]
+    if result.moves:
+        lines += [
+            "### Moved goldens",
+            "",
+            "| prompt | position | old (golden) | new | cause | oracle | old logprob | new logprob "
+            "| old − new (mnats) | why |",
+            "|---|--:|---|---|---|---|--:|--:|--:|---|",
+        ]
+        for m in result.moves:
+            oracle = token_label(m.oracle_token, m.oracle_text) if m.shares_oracle_context else "—"
+            lines.append(
+                f"| {cell(m.prompt_id)} | {m.position} | {cell(old_label(m))} | {cell(new_label(m))} "
+                f"| {CAUSE_ICONS[m.cause]} {cell(CAUSE_LABELS[m.cause])} | {cell(oracle)} "
+                f"| {cell(fmt_logprob(m.old_logprob))} | {cell(fmt_logprob(m.new_logprob))} "
+                f"| {cell(fmt_mnats(m.gap_mnats))} | {cell(m.reason)} |"
+            )
+        if any(m.cause == TIE_BREAK for m in result.moves):
+            lines += ["", f"Exact ties: the choice is the engine's tie-break rule; {TIE_BREAK_RULE}."]
+    return "\n".join(lines) + "\n"

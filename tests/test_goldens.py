@@ -1,0 +1,642 @@
+"""Goldens: the cause of every moved golden, the `gate goldens` commands, and the proof.
+
+- Unit tests judge hand-built traces (no torch): exact ties, near-tie flips and real
+  changes, including the cases where the oracle has no evidence.
+- CLI tests run `gate goldens` with the toy engine (tests/fake_engine.py), whose exact
+  ties are known from its pin: fast, and every option of the commands.
+- The slow tests run the HF engine on the embedded default against its committed vLLM
+  pin: the proof (goldens recorded under `tie_break=highest` move, under the correct
+  lowest-id rule, only at the oracle's exact ties, each "was recording a tie-break"), and
+  the committed goldens: they hold under the default options and move, with the
+  tie-break label, under `--engine-opt tie_break=highest`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+import pytest
+from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gate.core.doctrine import Doctrine
+from gate.core.goldens import (
+    NEAR_TIE_FLIP,
+    REAL_CHANGE,
+    TIE_BREAK,
+    GoldenMove,
+    GoldensResult,
+    accepted_golden,
+    engine_key,
+    find_moves,
+    first_move,
+    golden_header,
+    golden_path,
+    judge_move,
+)
+from gate.core.pins import Pin, exact_top2_ties, load_pin
+from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace
+from gate.errors import InputError
+
+PROMPT = (11, 12, 13)
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def top(*pairs: tuple[int, float]) -> list[list[Any]]:
+    """A top-k list in the trace's order (logprob descending, then id ascending)."""
+    return [[t, lp] for t, lp in sorted(pairs, key=lambda p: (-p[1], p[0]))]
+
+
+def far(chosen: int) -> list[list[Any]]:
+    """An unremarkable position: `chosen` far ahead of the rest."""
+    return top((chosen, -0.25), (chosen + 1000, -3.0), (chosen + 1001, -4.0))
+
+
+def oracle(pid: str, tops: Sequence[list[list[Any]]], **extra: Any) -> PromptRecord:
+    return PromptRecord(
+        id=pid,
+        prompt_token_ids=PROMPT,
+        token_ids=tuple(int(t[0][0]) for t in tops),
+        top_logprobs=[list(t) for t in tops],
+        finish_reason="length",
+        extra=extra,
+    )
+
+
+def cand(pid: str, ids: Sequence[int], tokens: Sequence[str] | None = None, **kw: Any) -> PromptRecord:
+    return PromptRecord(
+        id=pid, prompt_token_ids=PROMPT, token_ids=tuple(ids), tokens=tuple(tokens) if tokens else None, **kw
+    )
+
+
+def trace(role: str, *records: PromptRecord) -> Trace:
+    header = TraceHeader(
+        role=role, model="test/model", top_k=3 if role == "oracle" else 0, engine={"name": "e", "version": "1"}
+    )
+    return Trace(header=header, records=tuple(records), path=f"<{role}>")
+
+
+def judge(
+    o: PromptRecord, old: Sequence[int], new: Sequence[int], doctrine: Doctrine | None = None, **kw: Any
+) -> GoldenMove:
+    g, c = cand(o.id, old), cand(o.id, new, **kw)
+    p = first_move(g.token_ids, c.token_ids)
+    assert p is not None
+    return judge_move(g, c, o, doctrine or Doctrine(), p)
+
+
+# Four positions; position 2 is where the engines part. 100..103 are the oracle's tokens.
+def with_position_2(at2: list[list[Any]]) -> PromptRecord:
+    return oracle("p", [far(100), far(101), at2, far(103)])
+
+
+TIE = top((102, -0.5), (900, -0.5), (7, -2.0))  # oracle took 102 (lower id), 900 ties exactly
+
+
+# --------------------------------------------------------------------------- causes
+
+
+def test_a_golden_that_took_the_higher_id_at_an_exact_tie_was_recording_a_tie_break() -> None:
+    m = judge(with_position_2(TIE), old=[100, 101, 900, 55], new=[100, 101, 102, 103])
+    assert (m.position, m.old_token, m.new_token) == (2, 900, 102)
+    assert m.cause == TIE_BREAK and m.label == "was recording a tie-break"
+    assert m.shares_oracle_context and m.oracle_token == 102
+    assert m.tie_break == "lower_id" and m.gap_mnats == 0.0
+    assert m.old_logprob == m.new_logprob == -0.5
+    assert (m.old_class, m.new_class) == ("exact_tie", "match")
+    assert "exact tie" in m.reason and "the golden took the higher id" in m.reason
+    assert m.moved_positions == 2  # positions 2 and 3 differ
+
+
+def test_the_other_direction_is_a_tie_break_too() -> None:
+    """A golden with the oracle's (lowest-id) choice, moved by an engine that now takes the higher id."""
+    m = judge(with_position_2(TIE), old=[100, 101, 102, 103], new=[100, 101, 900, 55])
+    assert m.cause == TIE_BREAK and m.tie_break == "higher_id"
+    assert "the golden took the lower id, the new run the higher" in m.reason
+
+
+@pytest.mark.parametrize(
+    ("runner_up", "cause"),
+    [
+        (-0.5625, NEAR_TIE_FLIP),  # 62.5 mnats
+        (-0.625, NEAR_TIE_FLIP),  # 125.0 mnats: the threshold is inclusive
+        (-0.6250000000000001, REAL_CHANGE),  # one float64 step past it
+        (-0.75, REAL_CHANGE),  # 250 mnats
+    ],
+)
+def test_near_tie_flip_is_the_doctrines_threshold(runner_up: float, cause: str) -> None:
+    o = with_position_2(top((102, -0.5), (900, runner_up), (7, -2.0)))
+    m = judge(o, old=[100, 101, 102, 103], new=[100, 101, 900, 103])
+    assert m.cause == cause, m.reason
+    assert m.gap_mnats == pytest.approx(1000 * (-0.5 - runner_up))
+    loose = judge(o, old=[100, 101, 102, 103], new=[100, 101, 900, 103], doctrine=Doctrine(near_tie_mnats=300))
+    assert loose.cause == NEAR_TIE_FLIP
+
+
+def test_a_flip_toward_the_oracle_from_a_near_tie_is_a_near_tie_flip() -> None:
+    """The golden held the runner-up (62.5 mnats down); the new run takes the oracle's token."""
+    o = with_position_2(top((102, -0.5), (900, -0.5625), (7, -2.0)))
+    m = judge(o, old=[100, 101, 900, 103], new=[100, 101, 102, 103])
+    assert m.cause == NEAR_TIE_FLIP and (m.old_class, m.new_class) == ("near_tie", "match")
+
+
+def test_two_tokens_tied_far_below_the_oracles_choice_are_a_real_change() -> None:
+    """An exact tie between old and new is no excuse when both are defects against the oracle."""
+    o = with_position_2(top((102, -0.25), (900, -1.5), (901, -1.5)))
+    m = judge(o, old=[100, 101, 901, 103], new=[100, 101, 900, 103])
+    assert m.cause == REAL_CHANGE and m.tie_break == "lower_id"
+    assert "1250.0 mnats below its own choice 102" in m.reason
+
+
+def test_a_token_outside_the_oracles_top_k_is_a_real_change() -> None:
+    m = judge(with_position_2(TIE), old=[100, 101, 102, 103], new=[100, 101, 4242, 103])
+    assert m.cause == REAL_CHANGE and m.new_logprob is None and m.gap_mnats is None
+    assert "does not hold 4242" in m.reason
+
+
+def test_without_the_oracles_context_there_is_no_evidence() -> None:
+    """The golden left the oracle's path at position 1; at position 2 the oracle's list holds
+    the very tie the engines flip on, but for another context: not evidence."""
+    m = judge(with_position_2(TIE), old=[100, 555, 900, 103], new=[100, 555, 102, 103])
+    assert m.cause == REAL_CHANGE and not m.shares_oracle_context
+    assert m.oracle_token is None and m.gap_mnats is None
+    assert "left the oracle's path at position 1" in m.reason
+
+
+def test_a_run_that_stops_early_is_a_real_change() -> None:
+    m = judge(with_position_2(TIE), old=[100, 101, 102, 103], new=[100, 101], finish_reason="stop")
+    assert (m.position, m.old_token, m.new_token) == (2, 102, None)
+    assert m.cause == REAL_CHANGE and "the new run ended at position 2" in m.reason
+
+
+def test_past_the_oracles_end_there_is_no_evidence() -> None:
+    o = oracle("p", [far(100), far(101)])
+    m = judge(o, old=[100, 101, 5], new=[100, 101, 6])
+    assert m.cause == REAL_CHANGE and "ends at position 2" in m.reason
+
+
+def test_the_ulp_doctrine_judges_flips_by_grid_steps() -> None:
+    """With raw logits in the pin, a gap of one bf16 step at |logit| 16-32 (125 mnats) is a
+    near-tie flip under `--near-tie-ulps 1` even with the mnat threshold at 0."""
+    o = oracle(
+        "p",
+        [far(100), far(101), top((102, -0.5), (900, -0.625), (7, -2.0)), far(103)],
+        token_logits=[20.0, 20.0, 20.0, 20.0],
+    )
+    grid = Doctrine(near_tie_mnats=0.0, near_tie_ulps=1.0, dtype="bfloat16")
+    m = judge(o, old=[100, 101, 102, 103], new=[100, 101, 900, 103], doctrine=grid)
+    assert m.cause == NEAR_TIE_FLIP
+    assert (
+        judge(o, old=[100, 101, 102, 103], new=[100, 101, 900, 103], doctrine=Doctrine(near_tie_mnats=0.0)).cause
+        == REAL_CHANGE
+    )
+
+
+def test_the_new_runs_own_gap_is_reported_when_it_has_logprobs() -> None:
+    own = [far(100), far(101), top((102, -0.5), (900, -0.5), (7, -3.0)), far(103)]
+    m = judge(with_position_2(TIE), old=[100, 101, 900, 55], new=[100, 101, 102, 103], top_logprobs=own)
+    assert m.candidate_gap_mnats == 0.0
+
+
+def test_find_moves_lists_only_moved_prompts_in_order() -> None:
+    o1, o2, o3 = (oracle(pid, [far(100), far(101), TIE, far(103)]) for pid in ("a", "b", "c"))
+    golden = trace(
+        "candidate", cand("a", [100, 101, 102, 103]), cand("b", [100, 101, 900, 1]), cand("c", [100, 101, 102, 103])
+    )
+    fresh = trace(
+        "candidate", cand("c", [100, 101, 102, 7]), cand("b", [100, 101, 102, 103]), cand("a", [100, 101, 102, 103])
+    )
+    moves = find_moves(golden, fresh, trace("oracle", o1, o2, o3), Doctrine())
+    assert [(m.prompt_id, m.position, m.cause) for m in moves] == [("b", 2, TIE_BREAK), ("c", 3, REAL_CHANGE)]
+    with pytest.raises(InputError, match="no record for golden prompt"):
+        find_moves(golden, trace("candidate", cand("a", [1])), trace("oracle", o1, o2, o3), Doctrine())
+
+
+def _moves(*causes: str) -> tuple[GoldenMove, ...]:
+    return tuple(
+        GoldenMove(prompt_id=f"p{i}", position=0, old_token=1, new_token=2, cause=c, reason="r")
+        for i, c in enumerate(causes)
+    )
+
+
+def test_result_owns_its_exit_code_and_summary() -> None:
+    base = GoldensResult(
+        model="m", engine="hf", golden_path="g", prompts=5, positions=50, moves=(), doctrine=Doctrine()
+    )
+    assert (base.verdict, base.exit_code) == ("unchanged", 0)
+    assert base.summary.startswith("0/5 goldens moved")
+    moved = GoldensResult(**{**{f: getattr(base, f) for f in base.__slots__}, "moves": _moves(TIE_BREAK, REAL_CHANGE)})
+    assert (moved.verdict, moved.exit_code) == ("moved", 1)
+    assert moved.summary == "2/5 goldens moved (1 was recording a tie-break, 0 near-tie flips, 1 real change)"
+    assert moved.counts["tie_breaks"] == 1 and moved.counts["real_changes"] == 1
+    accepted = GoldensResult(**{**{f: getattr(moved, f) for f in moved.__slots__}, "accepted": "g"})
+    assert (accepted.verdict, accepted.exit_code) == ("accepted", 0)
+    doc = moved.to_dict()
+    assert doc["gate_goldens"] == 1 and doc["moves"][0]["label"] == "was recording a tie-break"
+
+
+# Random prompts over a 4-token vocabulary whose logprobs sit on a coarse grid: exact ties,
+# near ties and defects all occur, and goldens drift off the oracle's path.
+_lp = st.sampled_from([-0.5, -0.5625, -0.625, -1.0, -2.0])
+
+
+@st.composite
+def _case(draw: st.DrawFn) -> tuple[PromptRecord, list[int], list[int]]:
+    n = draw(st.integers(1, 6))
+    tops = []
+    for _ in range(n):
+        pairs = {t: draw(_lp) for t in range(4)}
+        tops.append(top(*pairs.items()))
+    o = oracle("p", tops)
+    old = draw(st.lists(st.integers(0, 4), min_size=1, max_size=n))
+    new = draw(st.lists(st.integers(0, 4), min_size=1, max_size=n))
+    return o, old, new
+
+
+@settings(max_examples=300, deadline=None)
+@given(_case())
+def test_causes_hold_their_invariants(case: tuple[PromptRecord, list[int], list[int]]) -> None:
+    o, old, new = case
+    p = first_move(old, new)
+    if p is None:
+        assert old == new
+        return
+    assert old[:p] == new[:p] and (p == len(old) or p == len(new) or old[p] != new[p])
+    m = judge_move(cand("p", old), cand("p", new), o, Doctrine(), p)
+    shares = len(o.token_ids) > p and list(o.token_ids[:p]) == old[:p]
+    if m.cause != REAL_CHANGE:
+        # Judged only with the oracle's own context, and only between tokens it holds
+        # within the doctrine of its choice.
+        assert shares and m.shares_oracle_context
+        lps = {t: lp for t, lp in o.top_logprobs[p]}  # type: ignore[index]
+        best = max(lps.values())
+        assert m.old_token in lps and m.new_token in lps
+        assert 1000 * (best - min(lps[m.old_token], lps[m.new_token])) <= 125.0
+        assert (m.cause == TIE_BREAK) == (lps[m.old_token] == lps[m.new_token])
+    if not shares:
+        assert m.cause == REAL_CHANGE
+
+
+# --------------------------------------------------------------------------- paths and provenance
+
+
+def test_golden_paths_stay_in_their_folder(tmp_path: Path) -> None:
+    assert golden_path("org/model", "hf", tmp_path) == tmp_path / "org" / "model" / "hf.jsonl"
+    assert engine_key("mypkg.engines:Fast") == "mypkg.engines_Fast"
+    assert golden_path("org/model", "../../x", tmp_path).parent == tmp_path / "org" / "model"
+    for bad in ("../escape", "/abs/model", "org/../../x", "org//m"):
+        with pytest.raises(InputError):
+            golden_path(bad, "hf", tmp_path)
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "link").symlink_to(tmp_path.parent)
+    with pytest.raises(InputError, match="leads outside"):
+        golden_path("org/link", "hf", tmp_path)
+
+
+def test_accept_keeps_unmoved_records_and_notes_what_moved() -> None:
+    old = trace("candidate", cand("a", [1, 2], ["x", "y"]), cand("b", [3, 4]))
+    fresh = Trace(
+        header=TraceHeader("candidate", "test/model", 0, {"name": "e", "version": "2"}, {"created_at": "now"}),
+        records=(cand("a", [1, 2]), cand("b", [3, 5])),
+    )
+    new = accepted_golden(old, fresh, [GoldenMove("b", 1, 4, 5, TIE_BREAK, "r")])
+    assert [r.token_ids for r in new.records] == [(1, 2), (3, 5)]
+    assert new.records[0].tokens == ("x", "y")  # the unmoved record is the old one
+    assert new.header.engine["version"] == "2" and new.header.extra["accepted"]["moved"] == ["b"]
+
+
+# --------------------------------------------------------------------------- CLI (toy engine)
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    register_fake(monkeypatch)
+    pins = tmp_path / "pins"
+    record_toy_pin(pins)
+    goldens = tmp_path / "goldens"
+    common = ["--model", TOY_MODEL, "--pins-dir", str(pins), "--goldens-dir", str(goldens), "--engine", "fake"]
+    return {"pins": pins, "goldens": goldens, "common": common, "path": goldens / "toy" / "model" / "fake.jsonl"}
+
+
+def goldens(toy: dict[str, Any], cmd: str, *args: str) -> Any:
+    return invoke(["goldens", cmd, *toy["common"], *args])
+
+
+def report(r: Any) -> dict[str, Any]:
+    return dict(json.loads(r.stdout))
+
+
+def first_ties(pins: Path) -> dict[str, tuple[int, int, int]]:
+    """Each prompt's first exact top-2 tie in the pin: (position, oracle's token, the other)."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for t in exact_top2_ties(load_pin(TOY_MODEL, pins).trace):
+        out.setdefault(t.prompt_id, (t.position, t.chosen, t.other))
+    return out
+
+
+def test_record_writes_a_golden_with_its_provenance(toy: dict[str, Any]) -> None:
+    r = goldens(toy, "record")
+    assert r.exit_code == 0, r.output
+    assert f"golden written to {toy['path']}: 6 prompts, 72 positions" in r.stderr
+    g = read_trace(toy["path"], role="candidate")
+    pin_file = toy["pins"] / "toy" / "model" / "pin.jsonl"
+    head = g.header
+    assert head.model == TOY_MODEL and head.top_k == 0
+    assert head.engine["name"] == "fake" and head.engine["version"] == "1.0"
+    extra = head.extra
+    assert extra["golden"] == 1 and extra["engine_options"] == {}
+    assert extra["device"] == "cpu" and extra["dtype"] == "toy"
+    assert extra["weights_sha256"] == "toy-weights-0"
+    assert extra["pin"]["sha256"] == hashlib.sha256(pin_file.read_bytes()).hexdigest()
+    assert extra["pin"]["path"].endswith("toy/model/pin.jsonl")
+    if (REPO / ".git").exists():
+        assert len(extra["git_commit"]) == 40 and isinstance(extra["git_dirty"], bool)
+    # Choices only: no logprobs, but the token text for review.
+    assert all(rec.top_logprobs is None and rec.tokens is not None for rec in g.records)
+    pin = load_pin(TOY_MODEL, toy["pins"])
+    assert [r.prompt_token_ids for r in g.records] == [r.prompt_token_ids for r in pin.trace.records]
+
+
+def test_record_refuses_to_overwrite_before_loading_the_engine(toy: dict[str, Any]) -> None:
+    from fake_engine import FakeEngine
+
+    assert goldens(toy, "record").exit_code == 0
+    before = toy["path"].read_bytes()
+    FakeEngine.history.clear()
+    r = goldens(toy, "record", "--engine-opt", "tie_break=highest")
+    assert r.exit_code == 2, r.output
+    assert "a golden exists; pass --force (or --accept)" in r.stderr
+    assert not FakeEngine.history  # refused before the engine loaded
+    assert toy["path"].read_bytes() == before
+    r = goldens(toy, "record", "--engine-opt", "tie_break=highest", "--force")
+    assert r.exit_code == 0, r.output
+    assert "kept the old golden as" in r.stderr
+    # Re-recording shows what moved against the old golden, and why.
+    n = len(first_ties(toy["pins"]))
+    assert f"against the old golden: {n}/6 goldens moved ({n} were recording a tie-break" in r.stderr
+    r = goldens(toy, "record", "--engine-opt", "tie_break=highest", "--accept")
+    assert r.exit_code == 0, r.output
+    assert "against the old golden: 0/6 goldens moved" in r.stderr
+    backups = sorted(toy["path"].parent.glob("fake.jsonl.bak-*"))
+    assert len(backups) == 2 and backups[0].read_bytes() == before
+
+
+def test_check_passes_when_nothing_moved(toy: dict[str, Any]) -> None:
+    assert goldens(toy, "record").exit_code == 0
+    r = goldens(toy, "check", "--format", "json")
+    assert r.exit_code == 0, r.output
+    rep = report(r)
+    assert rep["verdict"] == "unchanged" and rep["moves"] == [] and rep["counts"]["moved"] == 0
+    assert "0/6 goldens moved" in r.stderr
+
+
+def test_proof_goldens_of_the_highest_id_rule_move_only_at_the_oracles_exact_ties(toy: dict[str, Any]) -> None:
+    """The issue's proof, on the toy engine: record under tie_break=highest, check under the
+    lowest-id rule. Each prompt moves exactly at its first exact tie in the pin, from the
+    higher id to the oracle's, labelled a tie-break; prompts without a tie do not move."""
+    assert goldens(toy, "record", "--engine-opt", "tie_break=highest").exit_code == 0
+    r = goldens(toy, "check", "--format", "json")
+    assert r.exit_code == 1, r.output
+    rep = report(r)
+    ties = first_ties(toy["pins"])
+    assert ties  # the toy pin has exact ties
+    got = {m["prompt_id"]: (m["position"], m["new_token"], m["old_token"]) for m in rep["moves"]}
+    assert got == ties
+    assert {m["cause"] for m in rep["moves"]} == {"tie_break"}
+    assert {m["label"] for m in rep["moves"]} == {"was recording a tie-break"}
+    assert all(m["shares_oracle_context"] and m["tie_break"] == "lower_id" for m in rep["moves"])
+    assert rep["counts"] == {**rep["counts"], "moved": len(ties), "tie_breaks": len(ties), "real_changes": 0}
+
+
+def test_check_reports_real_changes_and_near_tie_flips(toy: dict[str, Any]) -> None:
+    assert goldens(toy, "record").exit_code == 0
+    r = goldens(toy, "check", "--engine-opt", "bias_token=7", "--engine-opt", "bias=4.0", "--format", "json")
+    assert r.exit_code == 1, r.output
+    moves = report(r)["moves"]
+    assert moves and {m["cause"] for m in moves} == {"real_change"}
+    assert all(m["new_token"] == 7 for m in moves)
+    # The runner-up gets 0.3 nats: it takes over where it was 0.25 nats (250 mnats) behind,
+    # or tied. 250 mnats is a real change under 125, a near-tie flip under 300.
+    args = ("--engine-opt", "second_bias=0.3", "--format", "json")
+    strict = {m["cause"] for m in report(goldens(toy, "check", *args))["moves"]}
+    assert "real_change" in strict and "near_tie_flip" not in strict
+    loose = report(goldens(toy, "check", *args, "--near-tie-mnats", "300"))["moves"]
+    assert {m["cause"] for m in loose} <= {"near_tie_flip", "tie_break"} and any(
+        m["cause"] == "near_tie_flip" and m["gap_mnats"] == pytest.approx(250.0) for m in loose
+    )
+
+
+def test_accept_rewrites_the_moved_goldens_and_keeps_a_backup(toy: dict[str, Any]) -> None:
+    assert goldens(toy, "record", "--engine-opt", "tie_break=highest").exit_code == 0
+    old = read_trace(toy["path"], role="candidate")
+    r = goldens(toy, "check", "--accept", "--format", "json")
+    assert r.exit_code == 0, r.output
+    rep = report(r)
+    assert rep["verdict"] == "accepted" and rep["moves"] and rep["backup"]
+    moved = {m["prompt_id"] for m in rep["moves"]}
+    backups = list(toy["path"].parent.glob("fake.jsonl.bak-*"))
+    assert len(backups) == 1 and read_trace(backups[0]).records == old.records
+    new = read_trace(toy["path"], role="candidate")
+    assert new.header.extra["accepted"]["moved"] == sorted(moved)
+    for a, b in zip(old.records, new.records, strict=True):
+        assert (a == b) == (a.id not in moved)
+    r = goldens(toy, "check", "--format", "json")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("fmt", ["rich", "markdown"])
+def test_check_reports_in_every_format(toy: dict[str, Any], fmt: str) -> None:
+    assert goldens(toy, "record", "--engine-opt", "tie_break=highest").exit_code == 0
+    r = goldens(toy, "check", "--format", fmt)
+    assert r.exit_code == 1, r.output
+    out = r.stdout
+    assert "\x1b[" not in out
+    flat = " ".join(out.split())
+    assert "was recording a tie-break" in flat and "verdict: moved (exit 1)" in flat
+    assert "torch.argmax and vLLM take the lowest id among equal maxima" in flat
+    _, chosen, other = next(iter(first_ties(toy["pins"]).values()))
+    label = '{0} "<t{0}>"' if fmt == "rich" else '{0} "&lt;t{0}&gt;"'
+    assert label.format(other) in flat and label.format(chosen) in flat
+    if fmt == "markdown":
+        assert out.startswith("## ❌ gate goldens: moved") and "| prompt | position |" in out
+    else:
+        assert "Moved goldens" in out and all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_check_names_changed_engine_options(toy: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from fake_engine import FakeEngine
+
+    info = FakeEngine.info
+    monkeypatch.setattr(FakeEngine, "info", lambda self: {**info(self), "options": dict(self.opts)})
+    assert goldens(toy, "record", "--engine-opt", "tie_break=highest").exit_code == 0
+    rep = report(goldens(toy, "check", "--format", "json"))
+    assert rep["option_changes"] == {"tie_break": ["highest", "lowest"]}
+    text = goldens(toy, "check").stdout
+    assert "engine options changed since the golden: tie_break 'highest' → 'lowest'" in text
+
+
+def test_step_summary_gets_the_markdown_report(toy: dict[str, Any], tmp_path: Path) -> None:
+    assert goldens(toy, "record").exit_code == 0
+    summary = tmp_path / "summary.md"
+    r = invoke(["goldens", "check", *toy["common"], "--format", "json"], env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.exit_code == 0, r.output
+    assert "## ✅ gate goldens: unchanged" in summary.read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- CLI errors
+
+
+def test_no_golden_is_exit_2_with_the_record_command(toy: dict[str, Any]) -> None:
+    r = goldens(toy, "check")
+    assert r.exit_code == 2, r.output
+    assert "no golden for toy/model with engine 'fake'" in r.stderr
+    assert f"gate goldens record --model toy/model --engine fake --goldens-dir {toy['goldens']}" in r.stderr
+    assert r.stdout == ""
+
+
+def test_bad_format_and_model_ids_are_exit_2(toy: dict[str, Any]) -> None:
+    assert goldens(toy, "record").exit_code == 0
+    r = goldens(toy, "check", "--format", "junit")
+    assert r.exit_code == 2 and "expected one of rich, json, markdown" in r.stderr
+    r = invoke(["goldens", "record", "--model", "../../etc", "--pins-dir", str(toy["pins"]), "--engine", "fake"])
+    assert r.exit_code == 2 and "not a model id" in r.stderr
+
+
+def test_a_golden_of_other_prompts_is_exit_2_before_the_engine_loads(toy: dict[str, Any]) -> None:
+    from fake_engine import FakeEngine
+
+    assert goldens(toy, "record").exit_code == 0
+    lines = toy["path"].read_bytes().splitlines(keepends=True)
+    rec = orjson.loads(lines[1])
+    rec["prompt_token_ids"] = [*rec["prompt_token_ids"], 5]
+    toy["path"].write_bytes(lines[0] + orjson.dumps(rec) + b"\n" + b"".join(lines[2:]))
+    FakeEngine.history.clear()
+    r = goldens(toy, "check")
+    assert r.exit_code == 2, r.output
+    assert "prompt token ids differ from the pin's" in r.stderr and "gate goldens record --force" in r.stderr
+    assert not FakeEngine.history
+    toy["path"].write_bytes(b"".join(lines[:-1]))
+    r = goldens(toy, "check")
+    assert r.exit_code == 2 and "its prompts are not the pin's" in r.stderr
+
+
+def test_a_golden_of_another_engine_or_other_weights_is_exit_2(toy: dict[str, Any], tmp_path: Path) -> None:
+    assert goldens(toy, "record").exit_code == 0
+    data = json.loads(toy["path"].read_text().splitlines()[0])
+    rest = toy["path"].read_text().split("\n", 1)[1]
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({**data, "engine": {**data["engine"], "name": "vllm"}}) + "\n" + rest)
+    r = goldens(toy, "check", "--golden", str(other))
+    assert r.exit_code == 2 and "recorded by engine 'vllm', this run uses 'fake'" in r.stderr
+    r = goldens(toy, "check", "--engine-opt", "weights_sha256=other")
+    assert r.exit_code == 2 and "provenance mismatch" in r.stderr
+
+
+def test_an_engine_crash_is_exit_3(toy: dict[str, Any]) -> None:
+    assert goldens(toy, "record").exit_code == 0
+    r = goldens(toy, "check", "--engine-opt", "fail=generate")
+    assert r.exit_code == 3, r.output
+    assert "crashed in generate" in r.stderr
+    r = goldens(toy, "record", "--force", "--engine-opt", "fail=load")
+    assert r.exit_code == 3, r.output
+    assert read_trace(toy["path"], role="candidate")  # the golden is untouched
+
+
+def test_golden_header_leaves_out_local_paths() -> None:
+    class _Pin:
+        model = "m/x"
+        folder = type("F", (), {"pin_path": Path("/nonexistent/pin.jsonl")})()
+        suite = type("S", (), {"sha256": "abc"})()
+
+        def provenance(self, key: str) -> Any:
+            return "2026-01-01T00:00:00Z" if key == "created_at" else None
+
+    head = golden_header(
+        pin=cast(Pin, _Pin()),
+        info={
+            "name": "hf",
+            "version": "5",
+            "model_path": "/root/x",
+            "device": "cpu",
+            "dtype": "bfloat16",
+            "options": {"tie_break": "lowest"},
+        },
+        options={},
+        git={"git_commit": "c" * 40, "git_dirty": False},
+    )
+    assert "model_path" not in head.engine and head.engine["options"] == {"tie_break": "lowest"}
+    assert head.extra["git_commit"] == "c" * 40 and head.extra["pin"]["suite_sha256"] == "abc"
+    assert head.extra["device"] == "cpu" and head.extra["dtype"] == "bfloat16"
+
+
+# --------------------------------------------------------------------------- the real engine (slow)
+
+slow = pytest.mark.slow
+
+
+def _hf_check(*args: str) -> tuple[Any, dict[str, Any]]:
+    r = invoke(["goldens", "check", "--format", "json", *args])
+    return r, (report(r) if r.stdout.strip().startswith("{") else {})
+
+
+def _assert_only_tie_breaks(rep: dict[str, Any], taken_by_new: str) -> None:
+    """Every move is at an exact top-2 tie of the committed pin, from one of the pair to the
+    other, labelled a tie-break; `taken_by_new` says which of the two the new run took."""
+    pin = load_pin(DEFAULT, REPO / "oracle_pins")
+    ties = {(t.prompt_id, t.position): (t.chosen, t.other) for t in exact_top2_ties(pin.trace)}
+    assert rep["moves"], rep["summary"]
+    for m in rep["moves"]:
+        where = (m["prompt_id"], m["position"])
+        assert where in ties, m
+        chosen, other = ties[where]
+        assert m["cause"] == "tie_break" and m["label"] == "was recording a tie-break", m
+        new_old = (chosen, other) if taken_by_new == "lower" else (other, chosen)
+        assert (m["new_token"], m["old_token"]) == new_old, m
+    assert rep["counts"]["near_tie_flips"] == rep["counts"]["real_changes"] == 0
+
+
+@slow
+def test_proof_on_the_default_goldens_of_the_highest_id_rule_move_only_at_exact_ties(tmp_path: Path) -> None:
+    """Record goldens with the HF engine under tie_break=highest, switch to the lowest-id
+    rule: every golden that moves, moves at an exact tie of the vLLM pin, labelled "was
+    recording a tie-break"; no other golden moves."""
+    pytest.importorskip("transformers")
+    r = invoke(["goldens", "record", "--engine-opt", "tie_break=highest", "--goldens-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    recorded = read_trace(tmp_path / DEFAULT / "hf.jsonl", role="candidate")
+    assert recorded.header.engine["tie_break"] == "highest"
+    r, rep = _hf_check("--goldens-dir", str(tmp_path))
+    assert r.exit_code == 1, r.output
+    _assert_only_tie_breaks(rep, taken_by_new="lower")
+    assert rep["option_changes"] == {"tie_break": ["highest", "lowest"]}
+    # The goldens that did not move are those whose highest-id run never met a tie.
+    moved = {m["prompt_id"] for m in rep["moves"]}
+    committed = read_trace(REPO / "goldens" / DEFAULT / "hf.jsonl", role="candidate").by_id()
+    for rec in recorded.records:
+        assert (rec.token_ids != committed[rec.id].token_ids) == (rec.id in moved), rec.id
+
+
+@slow
+def test_committed_default_goldens_hold_and_move_only_by_tie_break_under_the_highest_id_rule() -> None:
+    pytest.importorskip("transformers")
+    committed = REPO / "goldens" / DEFAULT / "hf.jsonl"
+    head = read_trace(committed, role="candidate").header
+    pin_file = REPO / "oracle_pins" / DEFAULT / "pin.jsonl"
+    assert head.extra["pin"]["sha256"] == hashlib.sha256(pin_file.read_bytes()).hexdigest()
+    assert head.engine["name"] == "hf" and head.engine.get("tie_break") == "lowest"
+    r, rep = _hf_check()
+    assert r.exit_code == 0, r.output
+    assert rep["verdict"] == "unchanged"
+    r, rep = _hf_check("--engine-opt", "tie_break=highest")
+    assert r.exit_code == 1, r.output
+    _assert_only_tie_breaks(rep, taken_by_new="higher")
