@@ -45,9 +45,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from gate.engines.base import PromptInput
     from gate.engines.hf import HFEngine
@@ -66,14 +70,15 @@ def main() -> int:
     hf_model = engine.model
     eos = sorted(engine.stop_ids) or None
 
-    def timed(fn: Callable[[], int]) -> tuple[float, int]:
+    def timed(fn: Callable[[], int]) -> tuple[float, float, int]:
+        """(wall seconds, this process's CPU seconds, tokens)."""
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = fn()
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t0, n
+        return time.perf_counter() - t0, time.process_time() - c0, n
 
     def ours(p: PromptInput) -> int:
         return len(engine.generate([p], args.top_k)[0].token_ids)
@@ -92,22 +97,23 @@ def main() -> int:
         return len(engine.force(p.prompt_token_ids, own_tokens[p.id], args.top_k).token_ids)
 
     transformers_generate(prompts[0])  # warm-up of generate's own setup
-    per_token: dict[str, list[float]] = {"gate generate": [], "transformers generate": [], "gate force": []}
+    names = ("gate generate", "transformers generate", "gate force")
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.repeats):
-        totals = {name: [0.0, 0] for name in per_token}
+        totals: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in names}
         for p in prompts:
-            for name, fn in (
-                ("gate generate", ours),
-                ("transformers generate", transformers_generate),
-                ("gate force", forced),
-            ):
-                seconds, n = timed(lambda fn=fn, p=p: fn(p))  # type: ignore[misc]
+            for name, fn in zip(names, (ours, transformers_generate, forced), strict=True):
+                seconds, cpu_seconds, n = timed(lambda fn=fn, p=p: fn(p))  # type: ignore[misc]
                 totals[name][0] += seconds
-                totals[name][1] += n
-        for name, (seconds, n) in totals.items():
-            per_token[name].append(seconds / max(int(n), 1))
+                totals[name][1] += cpu_seconds
+                totals[name][2] += n
+        for name, (total_s, total_cpu_s, tokens) in totals.items():
+            wall[name].append(total_s / max(tokens, 1.0))
+            cpu[name].append(total_cpu_s / max(tokens, 1.0))
 
-    med = {name: statistics.median(v) for name, v in per_token.items()}
+    med = {name: statistics.median(v) for name, v in wall.items()}
+    med_cpu = {name: statistics.median(v) for name, v in cpu.items()}
     print(
         f"model {model} on {engine.device} ({args.dtype}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; load {load_s:.1f} s"
@@ -117,12 +123,15 @@ def main() -> int:
         f"median of {args.repeats} interleaved repeats"
     )
     for name, value in med.items():
-        spread = ", ".join(f"{1000 * v:.2f}" for v in per_token[name])
-        print(f"  {name:<22} {1000 * value:8.2f} ms/token   (runs: {spread})")
-    gen_ratio = med["gate generate"] / med["transformers generate"]
-    force_ratio = med["gate force"] / med["gate generate"]
-    print(f"gate generate / transformers generate = {gen_ratio:.3f}  (goal <= 1.0)")
-    print(f"gate force / gate generate            = {force_ratio:.3f}  (goal <= 1.1)")
+        spread = ", ".join(f"{1000 * v:.2f}" for v in wall[name])
+        print(f"  {name:<22} {1000 * value:8.2f} ms/token wall, {1000 * med_cpu[name]:8.2f} CPU  (runs: {spread})")
+    for label, figures in (("wall", med), ("CPU ", med_cpu)):
+        gen_ratio = figures["gate generate"] / figures["transformers generate"]
+        force_ratio = figures["gate force"] / figures["gate generate"]
+        print(
+            f"{label}: gate generate / transformers generate = {gen_ratio:.3f} (goal <= 1.0); "
+            f"gate force / gate generate = {force_ratio:.3f} (goal <= 1.1)"
+        )
     return 0
 
 

@@ -250,6 +250,21 @@ def test_attach_calibration_puts_the_figures_under_the_documented_key() -> None:
     assert CALIBRATION_META_KEY not in attach_calibration(compare(oracle, bare), oracle, bare).meta
 
 
+def test_the_drift_figures_draw_in_the_html_report() -> None:
+    o_pos = [{1: -0.5, 2: -1.0, 3: -2.0}] * 3
+    c_pos = [{1: -0.5, 2: -0.875, 3: -2.0}, {1: -0.5, 2: -1.0, 3: -2.1875}, {1: -0.5, 2: -1.0, 3: -2.0}]
+    oracle, cand = _oracle([("p0", o_pos)]), _candidate([("p0", c_pos)])
+    result = attach_calibration(compare(oracle, cand), oracle, cand)
+    figures = result.meta["figures"]
+    assert [len(f["values"]) for f in figures] == [6, 3, 3]
+    assert figures[0]["markers"][0] == {"at": 190.0, "label": "recommended 190"}
+    from gate.reports import render
+
+    page = render(result, "html")
+    assert "Gap drift: how far the gap" in page and "recommended 190" in page
+    assert "skipped" not in page
+
+
 # --------------------------------------------------------------------------- the CLI on trace files
 
 

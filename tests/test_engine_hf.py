@@ -202,6 +202,16 @@ def test_top_k_is_exact_at_a_tie_on_the_k_th_place() -> None:
     assert top_k_pairs(logprobs, 99, chosen=5)[-1] == [0, -3.0]
 
 
+@pytest.mark.parametrize("tied", [3, 40])  # a tie group inside torch.topk's margin, and past it
+def test_top_k_takes_the_lowest_ids_of_a_large_tie_group(tied: int) -> None:
+    logprobs = torch.full((1000,), -20.0)
+    group = 10 + torch.randperm(990, generator=torch.Generator().manual_seed(0))[:tied]
+    logprobs[group] = -5.0
+    logprobs[7] = -1.0
+    top = top_k_pairs(logprobs, 4, chosen=7)
+    assert top == [[7, -1.0]] + [[int(t), -5.0] for t in sorted(group.tolist())[:3]]
+
+
 def test_logprobs_are_log_softmax_of_float32_logits(llama: HFEngine) -> None:
     p = prompts(llama)[0]
     rec = llama.generate([replace(p, max_tokens=1)], TOP_K)[0]

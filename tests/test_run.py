@@ -411,3 +411,28 @@ def test_a_bad_threshold_fails_before_the_engine_loads(pins: Path) -> None:
     assert r.exit_code == 2, r.output
     assert "--near-tie-mnats must be finite and >= 0" in r.stderr
     assert FakeEngine.history == []
+
+
+def test_model_hashes_from_info_manifest_or_a_small_folder(tmp_path: Path) -> None:
+    from gate.core.runner import model_hashes
+    from gate.models.default import MANIFEST
+    from gate.models.hashing import tokenizer_sha256, weights_sha256
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "tokenizer.json").write_text("{}")
+    # An engine that states its hashes is taken at its word.
+    stated = {"weights_sha256": "w", "tokenizer_sha256": "t", "model_path": str(folder)}
+    assert model_hashes(stated) == {"weights_sha256": "w", "tokenizer_sha256": "t"}
+    # A small local folder is hashed as gate.models.hashing does for pins.
+    assert model_hashes({"model_path": str(folder)}) == {
+        "weights_sha256": weights_sha256(folder),
+        "tokenizer_sha256": tokenizer_sha256(folder),
+    }
+    # A folder gate built carries its hashes in a manifest, read instead of re-hashing.
+    (folder / MANIFEST).write_text(json.dumps({"weights_sha256": "mw", "tokenizer_sha256": "mt"}))
+    assert model_hashes({"model_path": str(folder)}) == {"weights_sha256": "mw", "tokenizer_sha256": "mt"}
+    # Nothing local: nothing to check.
+    assert model_hashes({"model_path": str(tmp_path / "absent")}) == {}
+    assert model_hashes({}) == {}

@@ -13,8 +13,10 @@ threshold that ratifies every honest flip the sample shows. The per-token drift
 (`|O[t] - C[t]|`) is reported too but includes a shift of the normaliser (logsumexp) that
 moves every token alike and cannot flip anything.
 
-`GateResult.meta[CALIBRATION_META_KEY]` carries `Calibration.to_dict()` for reports that
-plot drift (see `attach_calibration`).
+`attach_calibration` hands a calibration to the reports of a `GateResult`:
+`meta["calibration"]` (`CALIBRATION_META_KEY`) is `Calibration.to_dict()`, and
+`meta["figures"]` gains the drift histograms in the HTML report's figure shape
+(`calibration_figures`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from gate.errors import InputError
 CALIBRATION_VERSION = 1
 # Reports find a calibration here: `result.meta["calibration"]` is `Calibration.to_dict()`.
 CALIBRATION_META_KEY = "calibration"
+# The HTML report draws each dict of `result.meta["figures"]` as a histogram.
+FIGURES_META_KEY = "figures"
 # Bin edges (mnats) for the histograms reports plot; the last bin is open-ended.
 HISTOGRAM_EDGES_MNATS: tuple[float, ...] = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 # Grid steps at which the oracle's top-2 gaps are counted when its raw logits are known.
@@ -213,6 +217,8 @@ class Calibration:
     recommendation: Recommendation
     verdicts: Verdicts | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The raw samples behind the figures (mnats), for plots; not serialised.
+    samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def top1_agreement(self) -> float | None:
@@ -449,6 +455,12 @@ def calibrate(
         gap_drift_histogram=Histogram.of(s.gap_drift),
         recommendation=rec,
         notes=tuple(notes),
+        samples={
+            "chosen_abs_delta": tuple(s.chosen),
+            "gap_drift": tuple(s.gap_drift),
+            "kl": tuple(s.kl),
+            "top2_gaps": tuple(s.top2),
+        },
     )
     if with_verdicts:
         cal = replace(cal, verdicts=verdicts(oracle, candidate, rec))
@@ -578,13 +590,55 @@ def verdicts(oracle: Trace, candidate: Trace, rec: Recommendation) -> Verdicts:
     return Verdicts(default.verdict, default.summary, recommended.verdict, recommended.summary)
 
 
+def calibration_figures(cal: Calibration, near_tie_mnats: float | None = None) -> list[dict[str, Any]]:
+    """Histograms of the drift for the HTML report (`result.meta["figures"]`), each with
+    the recommended threshold (and `near_tie_mnats`, the doctrine in use) marked."""
+    rec = cal.recommendation.near_tie_mnats
+    marks = [{"at": rec, "label": f"recommended {_num(rec)}"}] if rec > 0 else []
+    if near_tie_mnats is not None and near_tie_mnats > 0 and near_tie_mnats != rec:
+        marks.append({"at": near_tie_mnats, "label": f"threshold {_num(near_tie_mnats)}"})
+    samples = cal.samples
+    return [
+        {
+            "title": "Gap drift: how far the gap between the oracle's token and each rival moved",
+            "unit": "mnats",
+            "values": list(samples.get("gap_drift", ())),
+            "markers": marks,
+            "note": f"{cal.gap_drift.count} rival pairs at {cal.positions_matched} matched positions; "
+            "a candidate flips when this exceeds the oracle's top-2 gap",
+        },
+        {
+            "title": "Drift of the chosen token's logprob |Δ|",
+            "unit": "mnats",
+            "values": list(samples.get("chosen_abs_delta", ())),
+            "note": "includes the shift of the normaliser, which moves every token alike",
+        },
+        {
+            "title": "Oracle top-2 gaps",
+            "unit": "mnats",
+            "values": list(samples.get("top2_gaps", ())),
+            "markers": marks,
+            "note": f"{cal.top_gaps.exact_ties} exact ties of {cal.top_gaps.positions} positions; "
+            "a flip at a gap left of the threshold would be ratified",
+        },
+    ]
+
+
 def attach_calibration(result: GateResult, oracle: Trace, candidate: Trace) -> GateResult:
-    """`result` with `meta[CALIBRATION_META_KEY]` set when the candidate carries top-k
-    logprobs; unchanged (never an error) when drift cannot be measured."""
+    """`result` with `meta["calibration"]` set and the drift figures appended to
+    `meta["figures"]` when the candidate carries top-k logprobs; unchanged (never an error)
+    when drift cannot be measured."""
     if all(r.top_logprobs is None for r in candidate.records):
         return result
     try:
         cal = calibrate(oracle, candidate, with_verdicts=False)
     except InputError:
         return result
-    return replace(result, meta={**result.meta, CALIBRATION_META_KEY: cal.to_dict()})
+    figures = result.meta.get(FIGURES_META_KEY)
+    prior = list(figures) if isinstance(figures, list) else []
+    meta = {
+        **result.meta,
+        CALIBRATION_META_KEY: cal.to_dict(),
+        FIGURES_META_KEY: prior + calibration_figures(cal, result.doctrine.near_tie_mnats),
+    }
+    return replace(result, meta=meta)

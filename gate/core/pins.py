@@ -122,14 +122,22 @@ def pin_folder(model: str, root: Path, pins_dir_flag: Path | None = None) -> Pin
     return folder
 
 
-def find_folder(model: str, pins_dir: Path | None = None) -> PinFolder:
-    """The pin folder for `model` in the first search root that has one."""
+def _existing_folder(model: str, pins_dir: Path | None) -> tuple[PinFolder | None, list[Path]]:
+    """The pin folder for `model` in the first search root that has one, and the roots."""
     check_model_id(model)
     roots = search_roots(pins_dir)
     for root in roots:
         folder = pin_folder(model, root, pins_dir)
         if folder.path.is_dir():
-            return folder
+            return folder, roots
+    return None, roots
+
+
+def find_folder(model: str, pins_dir: Path | None = None) -> PinFolder:
+    """The pin folder for `model`; none is a PinError naming the pinned models."""
+    folder, roots = _existing_folder(model, pins_dir)
+    if folder is not None:
+        return folder
     looked = ", ".join(str(r) for r in roots)
     known = sorted({m for r in roots for m in known_models(r)})
     listing = f" Pinned models: {', '.join(known)}." if known else ""
@@ -142,13 +150,8 @@ def find_folder(model: str, pins_dir: Path | None = None) -> PinFolder:
 
 def folder_for_writing(model: str, pins_dir: Path | None = None) -> PinFolder:
     """Where `gate pin record` writes: the existing folder if any, else under the first root."""
-    check_model_id(model)
-    roots = search_roots(pins_dir)
-    for root in roots:
-        folder = pin_folder(model, root, pins_dir)
-        if folder.path.is_dir():
-            return folder
-    return pin_folder(model, roots[0], pins_dir)
+    folder, roots = _existing_folder(model, pins_dir)
+    return folder if folder is not None else pin_folder(model, roots[0], pins_dir)
 
 
 def known_models(root: Path) -> list[str]:
@@ -440,7 +443,7 @@ def oracle_header(
             "greedy": True,
             "logprobs": top_k,
             "max_tokens": sorted({p.max_tokens for p in suite if p.max_tokens is not None}),
-            "seed": info.get("seed", 0),
+            "seed": info.get("seed", (info.get("options") or {}).get("seed")),
         },
         "oracle": settings.to_dict(),
         "suite_sha256": suite.sha256,

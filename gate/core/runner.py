@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -102,7 +102,6 @@ class RunOutcome:
     candidate: Trace
     timings: Timings
     forced_prompts: tuple[str, ...] = ()
-    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- engine calls
@@ -217,25 +216,30 @@ def model_hashes(info: Mapping[str, Any]) -> dict[str, str]:
         return out
     weights = hashing.weight_files(folder)
     if sum((folder / n).stat().st_size for n in weights) <= HASH_SIZE_LIMIT:
-        digests = {
-            "weights_sha256": hashing.listing_sha256(folder, weights)[0] if weights else None,
-            "tokenizer_sha256": hashing.listing_sha256(folder, hashing.tokenizer_files(folder))[0]
-            if hashing.tokenizer_files(folder)
-            else None,
-        }
-        out.update({k: v for k, v in digests.items() if v and k not in out})
+        for key, names in (("weights_sha256", weights), ("tokenizer_sha256", hashing.tokenizer_files(folder))):
+            if names and key not in out:
+                out[key] = hashing.listing_sha256(folder, names)[0]
     return out
 
 
 def check_provenance(
-    pin: Pin, info: Mapping[str, Any], *, model: str | None = None, where: str = "the candidate"
+    pin: Pin,
+    info: Mapping[str, Any],
+    *,
+    model: str | None = None,
+    where: str = "the candidate",
+    hashes: Mapping[str, str] | None = None,
 ) -> None:
-    """Same model id, and the same weights and tokenizer where both sides carry a hash
-    (`info`: an engine's info with `model_hashes` added, or a candidate trace's header)."""
+    """Same model id, and the same weights and tokenizer where both sides carry a hash.
+
+    `hashes` are the candidate's; by default `model_hashes(info)` (an engine's info). A
+    candidate trace passes the hashes its header states, never a re-hash of a folder it
+    names, which may have changed since the trace was written."""
     if model is not None and model != pin.model:
         raise PinError(f"{where} is for model {model!r}, but the pin {pin.folder.pin_path} is for {pin.model!r}")
+    theirs_all = model_hashes(info) if hashes is None else hashes
     for key in HASH_KEYS:
-        ours, theirs = pin.provenance(key), info.get(key)
+        ours, theirs = pin.provenance(key), theirs_all.get(key)
         if ours and theirs and ours != theirs:
             what = key.removesuffix("_sha256")
             raise PinError(
@@ -347,7 +351,7 @@ def force_diverged(
     progress.phase("force", len(ids))
     if not ids:
         return candidate, ()
-    oracle = pin.trace.by_id()
+    oracle, cand = pin.trace.by_id(), candidate.by_id()
     top_k = pin.top_k
     forced: dict[str, PromptRecord] = {}
     name = getattr(engine, "name", "engine")
@@ -364,7 +368,7 @@ def force_diverged(
                 f"engine {name!r}: force returned {len(fd.token_ids)} choices for {len(o.token_ids)} oracle tokens "
                 f"(prompt {pid!r})"
             )
-        c = candidate.by_id()[pid]
+        c = cand[pid]
         forced[pid] = replace(
             c,
             forced_token_ids=tuple(int(t) for t in fd.token_ids),
@@ -435,9 +439,7 @@ def gate_against_pin(
             result, lambda ids: engine_call(engine, "decode_tokens", partial(engine.decode_tokens, ids))
         )
     meta = run_meta(pin, info, timings, forced)
-    return RunOutcome(
-        result=_with_meta(result, meta), candidate=candidate, timings=timings, forced_prompts=forced, meta=meta
-    )
+    return RunOutcome(result=_with_meta(result, meta), candidate=candidate, timings=timings, forced_prompts=forced)
 
 
 def gate_trace_against_pin(
@@ -447,12 +449,18 @@ def gate_trace_against_pin(
     timings = timings or Timings()
     with _timed(timings, "check_s"):
         header = candidate.header
-        info = {**header.extra, **header.engine}
-        check_provenance(pin, info, model=header.model, where=f"the candidate trace {candidate.path}")
+        stated = {**header.extra, **header.engine}
+        check_provenance(
+            pin,
+            stated,
+            model=header.model,
+            where=f"the candidate trace {candidate.path}",
+            hashes={k: str(stated[k]) for k in HASH_KEYS if stated.get(k)},
+        )
     with _timed(timings, "adjudicate_s"):
         result = compare(pin.trace, candidate, doctrine)
     meta = run_meta(pin, dict(header.engine), timings, ())
-    return RunOutcome(result=_with_meta(result, meta), candidate=candidate, timings=timings, meta=meta)
+    return RunOutcome(result=_with_meta(result, meta), candidate=candidate, timings=timings)
 
 
 def run_meta(pin: Pin, info: Mapping[str, Any], timings: Timings, forced: Sequence[str]) -> dict[str, Any]:

@@ -52,6 +52,8 @@ DTYPES: dict[str, torch.dtype] = {
     "float": torch.float32,
 }
 TIE_BREAKS = ("lowest", "highest")
+# Extra candidates `top_k_pairs` asks torch.topk for, to see past a tie at the k-th place.
+TOP_K_MARGIN = 8
 
 
 class StepResult:
@@ -269,16 +271,23 @@ def top_k_pairs(logprobs: torch.Tensor, k: int, chosen: int) -> Pairs:
     `torch.topk` picks arbitrarily among values tied at the k-th place; the list here is
     exact: every id strictly above the k-th value, then the lowest ids equal to it.
     """
-    k = min(k, logprobs.shape[-1])
-    kth = torch.topk(logprobs, k).values[-1]
-    above = torch.nonzero(logprobs > kth).flatten()
-    at = torch.nonzero(logprobs == kth).flatten()[: k - above.numel()]
-    ids = torch.cat([above, at])
-    id_list = ids.tolist()
-    pairs = list(zip(id_list, logprobs[ids].tolist(), strict=True))
-    if chosen not in id_list:
-        pairs.append((chosen, float(logprobs[chosen])))
-    return sort_top(pairs)
+    vocab = logprobs.shape[-1]
+    k = min(k, vocab)
+    # One topk with a margin settles the common case: when the margin's last value is
+    # below the k-th, every id tied with the k-th is among the candidates. Only a tie
+    # group running past the margin needs the two full-vocabulary scans below.
+    values, ids = torch.topk(logprobs, min(k + TOP_K_MARGIN, vocab))
+    kth = values[k - 1]
+    if ids.numel() == vocab or bool(values[-1] < kth):
+        pairs = sort_top(zip(ids.tolist(), values.tolist(), strict=True))[:k]
+    else:
+        above = torch.nonzero(logprobs > kth).flatten()
+        at = torch.nonzero(logprobs == kth).flatten()[: k - above.numel()]
+        exact = torch.cat([above, at])
+        pairs = sort_top(zip(exact.tolist(), logprobs[exact].tolist(), strict=True))
+    if all(t != chosen for t, _ in pairs):
+        pairs = sort_top([(t, lp) for t, lp in pairs] + [(chosen, float(logprobs[chosen]))])
+    return pairs
 
 
 def _device(name: str) -> torch.device:
