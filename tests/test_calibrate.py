@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ from gate.core.calibrate import (
     CALIBRATION_META_KEY,
     Distribution,
     Histogram,
+    Pairs,
     attach_calibration,
     calibrate,
+    contender_bound,
     recommend,
 )
 from gate.core.trace import PromptRecord, Trace, TraceHeader, write_trace
@@ -36,11 +39,15 @@ def _sorted(pairs: dict[int, float]) -> Top:
     return [[t, lp] for t, lp in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def _oracle(prompts: Sequence[tuple[str, Sequence[dict[int, float]]]], logits: bool = False, **hdr: Any) -> Trace:
+def _oracle(
+    prompts: Sequence[tuple[str, Sequence[dict[int, float]]]], logits: bool | Sequence[float] = False, **hdr: Any
+) -> Trace:
+    """An oracle trace; `logits=True` records a top logit of 20 (bf16 step 125 mnats) everywhere."""
     records = []
     for pid, positions in prompts:
         tops = [_sorted(p) for p in positions]
-        extra = {"token_logits": [20.0] * len(tops)} if logits else {}
+        values = [20.0] * len(tops) if logits is True else list(logits) if logits else None
+        extra = {"token_logits": values} if values is not None else {}
         records.append(
             PromptRecord(
                 id=pid,
@@ -115,12 +122,34 @@ def test_gap_drift_measures_how_far_the_gap_to_each_rival_moved() -> None:
     assert cal.gap_drift.max == 125.0
     assert cal.gap_drift.median == 62.5
     assert cal.chosen_abs_delta.max == 0.0
-    assert cal.recommendation.near_tie_mnats == 125.0
-    rec = cal.recommendation
-    assert rec.confidence == "low"
-    assert any("at most 125.0 mnats" in r for r in rec.reasons)
-    assert rec.flags == "--near-tie-mnats 125"
 
+
+def test_only_rivals_near_enough_to_flip_set_the_threshold() -> None:
+    # The runner-up (gap 100) moved by 150: near enough to be overturned. A rival 2.5 nats
+    # down moved by a full nat, but no drift seen could overturn a gap that wide.
+    o = {1: -0.5, 2: -0.6, 3: -3.0}
+    c = {1: -0.5, 2: -0.75, 3: -2.0}
+    cal = calibrate(_oracle([("p0", [o])]), _candidate([("p0", [c])]))
+    assert cal.gap_drift.max == pytest.approx(1000.0)
+    rec = cal.recommendation
+    assert rec.contender_bound_mnats == pytest.approx(150.0) and rec.contender_pairs == 1
+    assert cal.contender_gap_drift.max == pytest.approx(150.0)
+    assert rec.near_tie_mnats == 150.0 and rec.near_tie_ulps is None
+    assert rec.flags == "--near-tie-mnats 150"
+    assert rec.confidence == "low"
+    assert any("moved more (at most 1000.0 mnats) but never by more than their own gap" in r for r in rec.reasons)
+
+
+def test_contender_bound_is_the_fixed_point_from_above() -> None:
+    gaps = np.array([100.0, 300.0, 900.0, 5000.0])
+    drifts = np.array([20.0, 250.0, 400.0, 800.0])
+    # 800 -> rivals within 800 drift at most 250 -> within 250 at most 20 -> within 20: none.
+    assert contender_bound(gaps, drifts) == 0.0
+    gaps = np.array([100.0, 200.0, 900.0, 5000.0])
+    drifts = np.array([20.0, 250.0, 400.0, 800.0])
+    # 800 -> 250 -> within 250 the 200-gap rival drifted 250 (it could flip): stays 250.
+    assert contender_bound(gaps, drifts) == 250.0
+    assert contender_bound(np.array([]), np.array([])) == 0.0
 
 def test_kl_over_the_shared_support_is_renormalised() -> None:
     o = {1: math.log(0.5), 2: math.log(0.25), 3: math.log(0.125)}
@@ -180,15 +209,30 @@ def test_the_oracles_top2_gaps_in_mnats_and_grid_steps() -> None:
     assert any("no raw logits" in n for n in plain.notes)
 
 
-def test_drift_in_grid_steps_gives_a_whole_number_of_steps() -> None:
-    o_pos = [{1: -0.5, 2: -1.0, 3: -2.0}] * 3
-    c_pos = [{1: -0.5, 2: -0.875, 3: -2.0}, {1: -0.5, 2: -1.0, 3: -2.1875}, {1: -0.5, 2: -1.0, 3: -2.0}]
-    cal = calibrate(_oracle([("p0", o_pos)], logits=True), _candidate([("p0", c_pos)]))
+# Position 0 at a top logit of 20 (step 125 mnats): the runner-up, one step down, moves
+# 1.5 steps. Position 1 at a top logit of 3 (step 15.625): a 100-mnat gap, 6.4 steps.
+GRID_O = [{1: -0.5, 2: -0.625, 3: -2.0}, {1: -0.5, 2: -0.6, 3: -2.0}]
+GRID_C = [{1: -0.5, 2: -0.8125, 3: -2.0}, {1: -0.5, 2: -0.6, 3: -2.0}]
+
+
+def test_the_grid_allowance_is_recommended_when_it_sees_more() -> None:
+    cal = calibrate(_oracle([("p0", GRID_O)], logits=[20.0, 3.0]), _candidate([("p0", GRID_C)]))
     assert cal.gap_drift_ulps.max == 1.5  # 187.5 mnats at a 125-mnat step
-    assert cal.recommendation.near_tie_ulps == 2.0
-    assert cal.recommendation.near_tie_mnats == 190.0
-    assert cal.recommendation.flags == "--near-tie-mnats 190 --near-tie-ulps 2"
-    assert cal.recommendation.doctrine.near_tie_ulps == 2.0
+    rec = cal.recommendation
+    # 190 mnats would put both positions inside the allowance; 2 steps only the first.
+    assert (rec.near_tie_mnats, rec.near_tie_ulps) == (0.0, 2.0)
+    assert rec.flags == "--near-tie-mnats 0 --near-tie-ulps 2"
+    assert rec.doctrine.near_tie_ulps == 2.0
+    assert any("--near-tie-ulps 2 would ratify the same flips, with 1 positions" in r for r in rec.reasons)
+    assert any("set one allowance, not both" in r for r in rec.reasons)
+
+
+def test_the_fixed_threshold_stays_when_the_grid_sees_less() -> None:
+    # At a top logit of 20 everywhere, 2 steps is 250 mnats: wider than 190.
+    cal = calibrate(_oracle([("p0", GRID_O)], logits=True), _candidate([("p0", GRID_C)]))
+    rec = cal.recommendation
+    assert (rec.near_tie_mnats, rec.near_tie_ulps) == (190.0, None)
+    assert any("the fixed threshold stays the recommendation" in r for r in rec.reasons)
 
 
 def test_the_recommended_doctrine_ratifies_the_honest_flip_the_default_fails() -> None:
@@ -201,12 +245,16 @@ def test_the_recommended_doctrine_ratifies_the_honest_flip_the_default_fails() -
     cand = _candidate([("p0", c_pos), ("p1", c_pos2)], tokens={"p1": [2]})
     cal = calibrate(oracle, cand)
     assert cal.gap_drift.max == pytest.approx(150.0)
-    assert cal.recommendation.near_tie_mnats == 150.0
+    # No rival drifted past its gap; the candidate's own flip at a 100-mnat gap sets it.
+    assert cal.recommendation.contender_bound_mnats == 0.0
+    assert cal.flip_gaps.max == pytest.approx(100.0)
+    assert cal.recommendation.near_tie_mnats == 100.0
     assert cal.verdicts is not None
-    assert cal.verdicts.default == "ratified_pass"  # the p1 flip has a 100-mnat oracle gap
+    assert cal.verdicts.default == "ratified_pass"
     o_far = _oracle([("p0", o_pos), ("p1", [{1: -0.5, 2: -0.64}])])
     cand_far = _candidate([("p0", c_pos), ("p1", [{2: -0.5, 1: -0.5}])], tokens={"p1": [2]})
     cal = calibrate(o_far, cand_far)
+    assert cal.recommendation.near_tie_mnats == 140.0
     assert cal.verdicts is not None
     assert (cal.verdicts.default, cal.verdicts.recommended) == ("fail", "ratified_pass")
 
@@ -235,7 +283,7 @@ def test_distribution_quantiles_are_observed_values() -> None:
 
 
 def test_recommend_without_a_sample_keeps_the_default() -> None:
-    rec = recommend(gap_drift=Distribution.of([]), gap_drift_ulps=None, top2_mnats=[])
+    rec = recommend(Pairs.from_lists([], []), top2_mnats=[])
     assert (rec.near_tie_mnats, rec.confidence) == (125.0, "none")
 
 
@@ -251,12 +299,10 @@ def test_attach_calibration_puts_the_figures_under_the_documented_key() -> None:
 
 
 def test_the_drift_figures_draw_in_the_html_report() -> None:
-    o_pos = [{1: -0.5, 2: -1.0, 3: -2.0}] * 3
-    c_pos = [{1: -0.5, 2: -0.875, 3: -2.0}, {1: -0.5, 2: -1.0, 3: -2.1875}, {1: -0.5, 2: -1.0, 3: -2.0}]
-    oracle, cand = _oracle([("p0", o_pos)]), _candidate([("p0", c_pos)])
+    oracle, cand = _oracle([("p0", GRID_O)], logits=True), _candidate([("p0", GRID_C)])
     result = attach_calibration(compare(oracle, cand), oracle, cand)
     figures = result.meta["figures"]
-    assert [len(f["values"]) for f in figures] == [6, 3, 3]
+    assert [len(f["values"]) for f in figures] == [4, 2, 2]
     assert figures[0]["markers"][0] == {"at": 190.0, "label": "recommended 190"}
     from gate.reports import render
 
@@ -269,20 +315,19 @@ def test_the_drift_figures_draw_in_the_html_report() -> None:
 
 
 def test_calibrate_cli_on_two_traces(tmp_path: Path) -> None:
-    o_pos = [{1: -0.5, 2: -1.0, 3: -2.0}] * 3
-    c_pos = [{1: -0.5, 2: -0.875, 3: -2.0}, {1: -0.5, 2: -1.0, 3: -2.1875}, {1: -0.5, 2: -1.0, 3: -2.0}]
-    write_trace(tmp_path / "o.jsonl", _oracle([("p0", o_pos)], logits=True))
-    write_trace(tmp_path / "c.jsonl", _candidate([("p0", c_pos)]))
+    write_trace(tmp_path / "o.jsonl", _oracle([("p0", GRID_O)], logits=[20.0, 3.0]))
+    write_trace(tmp_path / "c.jsonl", _candidate([("p0", GRID_C)]))
     runner = CliRunner()
     r = runner.invoke(app, ["calibrate", str(tmp_path / "o.jsonl"), str(tmp_path / "c.jsonl"), "--format", "json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["recommendation"]["flags"] == "--near-tie-mnats 190 --near-tie-ulps 2"
+    assert out["recommendation"]["flags"] == "--near-tie-mnats 0 --near-tie-ulps 2"
     assert out["drift"]["gap_drift_mnats"]["max"] == 187.5
+    assert out["drift"]["contender_gap_drift_mnats"]["max"] == 187.5
     assert out["kl_shared_topk_mnats"]["note"].startswith("KL(oracle || candidate)")
     r = runner.invoke(app, ["calibrate", str(tmp_path / "o.jsonl"), str(tmp_path / "c.jsonl")])
     assert r.exit_code == 0, r.output
-    for words in ("gap drift", "187.5", "--near-tie-mnats 190 --near-tie-ulps 2", "top-2 gaps", "KL"):
+    for words in ("gap drift", "187.5", "--near-tie-mnats 0 --near-tie-ulps 2", "top-2 gaps", "KL"):
         assert words in r.stdout, words
 
 
@@ -308,3 +353,41 @@ def test_calibrate_cli_input_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and "--format" in err, err
     code, err = _main(["calibrate", o, o, "--engine", "hf"], capsys)
     assert code == 2 and "--engine" in err, err
+
+
+# --------------------------------------------------------------------------- engine mode, a real model
+
+
+@pytest.mark.slow
+def test_calibrate_runs_the_candidate_over_the_pin(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gate calibrate` without trace files: the HF engine in float32 against a bf16 pin of a
+    tiny model; the figures must equal those of calibrating the saved trace afterwards."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pin import MODEL, build_tiny_pin, one_thread
+
+    root = tmp_path_factory.mktemp("calibrate")
+    with one_thread():
+        weights, pins = build_tiny_pin(root)
+        saved = root / "candidate.jsonl"
+        argv = ["calibrate", "--model", MODEL, "--model-path", str(weights), "--pins-dir", str(pins),
+                "--engine-opt", "dtype=float32", "--save-trace", str(saved), "--format", "json"]
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+    out = capsys.readouterr()
+    assert exc.value.code == 0, out.err
+    live = json.loads(out.out)
+    assert live["candidate_engine"].startswith("hf") and live["positions_matched"] > 0
+    assert live["drift"]["chosen_abs_delta_mnats"]["max"] > 0.0  # float32 is not bf16
+    assert live["oracle_top2_gaps"]["within_steps"] is not None  # the HF pin records raw logits
+    assert "recommended doctrine: --near-tie-mnats" in out.err
+    from gate.core.pins import load_pin
+
+    pin_path = load_pin(MODEL, pins).folder.pin_path
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", str(pin_path), str(saved), "--format", "json"])
+    again = json.loads(capsys.readouterr().out)
+    assert exc.value.code == 0
+    assert again == live

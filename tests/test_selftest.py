@@ -1,16 +1,15 @@
-"""`gate selftest` on a tiny random Llama with a pin recorded by the HF engine.
-
-The model is built from a config at test time, its lm_head scaled so its logits sit at
-|logit| 8-16 (bf16 steps of 62.5 mnats) like a real model's; then a 24-prompt suite has
-exact top-2 ties (the tie-break fault needs some) and top-2 gaps of a few steps. The
-doctrine is the grid alone (`--near-tie-mnats 0 --near-tie-ulps 1`): on logits this size,
-125 mnats would be two steps and hide the four-step fault.
+"""`gate selftest` on a tiny random Llama with a pin recorded by the HF engine
+(tests/tiny_pin.py): its suite has exact top-2 ties (the tie-break fault needs some) and
+top-2 gaps of a few grid steps. The doctrine is the grid alone (`--near-tie-mnats 0
+--near-tie-ulps 1`): at |logit| 8-16, 125 mnats is two steps and would hide part of the
+four-step fault.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,7 @@ pytest.importorskip("transformers")
 
 from gate.core.adjudicate import compare
 from gate.core.doctrine import Doctrine
-from gate.core.pins import OracleSettings, PinFolder, load_pin, write_pin
-from gate.core.runner import record_oracle
+from gate.core.pins import load_pin
 from gate.core.selftest import (
     CAUGHT,
     EXPECT_DEFECT,
@@ -34,53 +32,21 @@ from gate.core.selftest import (
     judge,
     run_selftest,
 )
-from gate.core.suite import Suite, SuitePrompt
 from gate.errors import InputError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import build_tiny_llama
+from tiny_pin import MODEL, build_tiny_pin, one_thread
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny/llama-selftest"
-PROMPTS = 16
-MAX_TOKENS = 24
 GRID_DOCTRINE = Doctrine(near_tie_mnats=0.0, near_tie_ulps=1.0)
 
 
-def _build_model(folder: Path) -> Path:
-    import torch
-    from transformers import LlamaForCausalLM
-
-    build_tiny_llama(folder, seed=1)
-    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    model.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
-def tiny_pin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(weights folder, pins root) with a pin of MODEL recorded by the HF engine."""
-    from gate.engines.hf import HFEngine
-
-    root = tmp_path_factory.mktemp("selftest")
-    weights = _build_model(root / "weights")
-    pins = root / "pins"
-    suite = Suite(
-        tuple(SuitePrompt(id=f"p{i:02d}", text=f"The quick {i} brown fox number {i * 7}") for i in range(PROMPTS))
-    ).resolved(MAX_TOKENS)
-    settings = OracleSettings(model=MODEL, engine="hf", max_tokens=MAX_TOKENS, top_k=5)
-    engine = HFEngine(str(weights))
-    try:
-        trace = record_oracle(engine, model=MODEL, suite=suite, settings=settings, model_source=str(weights))
-    finally:
-        engine.close()
-    folder = PinFolder(model=MODEL, root=pins)
-    folder.path.mkdir(parents=True)
-    write_pin(folder, suite, settings, trace, force=False)
-    return weights, pins
+def tiny_pin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """(weights folder, pins root) with a pin of the tiny model recorded by the HF engine."""
+    with one_thread():
+        yield build_tiny_pin(tmp_path_factory.mktemp("selftest"))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +55,8 @@ def selftest(tiny_pin: tuple[Path, Path]) -> SelfTestResult:
 
     weights, pins = tiny_pin
     pin = load_pin(MODEL, pins)
-    return run_selftest(pin, baseline_loader(str(weights), {}), mutations(str(weights), {}), GRID_DOCTRINE)
+    with one_thread():
+        return run_selftest(pin, baseline_loader(str(weights), {}), mutations(str(weights), {}), GRID_DOCTRINE)
 
 
 def _by_name(result: SelfTestResult) -> dict[str, Any]:
@@ -195,7 +162,7 @@ def test_selftest_cli_on_the_tiny_pin(tiny_pin: tuple[Path, Path], capsys: pytes
     weights, pins = tiny_pin
     argv = ["selftest", "--model", MODEL, "--model-path", str(weights), "--pins-dir", str(pins),
             "--near-tie-mnats", "0", "--only", "tie-break-highest", "--only", "runner-up+4-steps", "--format", "json"]
-    with pytest.raises(SystemExit) as exc:
+    with one_thread(), pytest.raises(SystemExit) as exc:
         main(argv)
     out = capsys.readouterr()
     assert exc.value.code == 0, out.err
@@ -204,7 +171,7 @@ def test_selftest_cli_on_the_tiny_pin(tiny_pin: tuple[Path, Path], capsys: pytes
     assert data["doctrine"] == {"near_tie_mnats": 0.0, "strict": False, "near_tie_ulps": 1.0, "dtype": "bfloat16"}
     # With the default 125 mnats the four-step fault hides under the millinat allowance
     # (four 62.5-mnat steps at most 250, most flips far less): the self-test says so, exit 1.
-    with pytest.raises(SystemExit) as exc:
+    with one_thread(), pytest.raises(SystemExit) as exc:
         main([*argv[:7], "--only", "runner-up+4-steps", "--near-tie-mnats", "1000", "--format", "json"])
     out = capsys.readouterr()
     assert exc.value.code == 1, out.err

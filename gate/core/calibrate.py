@@ -144,6 +144,10 @@ class Recommendation:
     dtype: str
     confidence: str  # "high", "low" (small sample) or "none" (nothing to measure)
     reasons: tuple[str, ...]
+    # The largest gap drift among rivals near enough to be overturned (see
+    # `contender_bound`), and how many rival pairs that was.
+    contender_bound_mnats: float | None = None
+    contender_pairs: int = 0
 
     @property
     def doctrine(self) -> Doctrine:
@@ -163,6 +167,8 @@ class Recommendation:
             "near_tie_ulps": self.near_tie_ulps,
             "dtype": self.dtype,
             "confidence": self.confidence,
+            "contender_bound_mnats": self.contender_bound_mnats,
+            "contender_pairs": self.contender_pairs,
             "flags": self.flags,
             "reasons": list(self.reasons),
         }
@@ -205,6 +211,8 @@ class Calibration:
     shared_abs_delta: Distribution
     gap_drift: Distribution
     gap_drift_ulps: Distribution
+    contender_gap_drift: Distribution
+    flip_gaps: Distribution
     chosen_logit_abs_delta: Distribution
     kl: Distribution
     shared_support: Distribution
@@ -239,6 +247,8 @@ class Calibration:
                 "shared_topk_abs_delta_mnats": self.shared_abs_delta.to_dict(),
                 "gap_drift_mnats": self.gap_drift.to_dict(),
                 "gap_drift_ulps": self.gap_drift_ulps.to_dict(),
+                "contender_gap_drift_mnats": self.contender_gap_drift.to_dict(),
+                "candidate_flip_gaps_mnats": self.flip_gaps.to_dict(),
                 "chosen_logit_abs_delta_mnats": self.chosen_logit_abs_delta.to_dict(),
                 "gap_drift_histogram": self.gap_drift_histogram.to_dict(),
             },
@@ -280,8 +290,12 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class _Samples:
     chosen: list[float] = field(default_factory=list)
     shared: list[float] = field(default_factory=list)
-    gap_drift: list[float] = field(default_factory=list)
-    gap_drift_ulps: list[float] = field(default_factory=list)
+    # One entry per (matched position, rival both engines list): the oracle's gap to the
+    # rival and how far it moved (mnats), and the grid step at the top logit (nats; NaN
+    # when the oracle recorded no logit there).
+    pair_gap: list[float] = field(default_factory=list)
+    pair_drift: list[float] = field(default_factory=list)
+    pair_step: list[float] = field(default_factory=list)
     chosen_logit: list[float] = field(default_factory=list)
     kl: list[float] = field(default_factory=list)
     support: list[float] = field(default_factory=list)
@@ -334,9 +348,9 @@ def _matched_position(
             if t == chosen:
                 continue
             drift = abs((o[chosen] - o[t]) - (c[chosen] - c[t]))
-            s.gap_drift.append(1000.0 * drift)
-            if step is not None:
-                s.gap_drift_ulps.append(drift / step)
+            s.pair_gap.append(1000.0 * (o[chosen] - o[t]))
+            s.pair_drift.append(1000.0 * drift)
+            s.pair_step.append(step if step is not None else math.nan)
     if shared:
         kl, mass = _kl_shared(o, c, shared)
         s.kl.append(1000.0 * kl)
@@ -425,13 +439,22 @@ def calibrate(
         notes.append(
             "the oracle recorded no raw logits (token_logits): no figures in grid steps, no ULP doctrine"
         )
-    dist_ulps = Distribution.of(s.gap_drift_ulps)
+    pairs = Pairs.of(s)
+    default = compare(oracle, candidate, Doctrine(dtype=dtype))
+    flips = [
+        (d.oracle_minus_candidate_mnats, d.gap_ulps)
+        for d in default.divergences
+        if d.oracle_minus_candidate_mnats is not None and d.oracle_minus_candidate_mnats > 0.0
+    ]
     rec = recommend(
-        gap_drift=Distribution.of(s.gap_drift),
-        gap_drift_ulps=dist_ulps if oracle_logits_seen else None,
+        pairs,
+        flip_gaps_mnats=[g for g, _ in flips],
+        flip_gaps_ulps=[u for _, u in flips if u is not None] if oracle_logits_seen else None,
         top2_mnats=s.top2,
+        top2_ulps=s.top2_steps,
         dtype=dtype,
     )
+    bound = rec.contender_bound_mnats
     cal = Calibration(
         model=oracle.header.model,
         oracle_engine=_engine_name(oracle),
@@ -442,8 +465,10 @@ def calibrate(
         positions_matched=matched,
         chosen_abs_delta=Distribution.of(s.chosen),
         shared_abs_delta=Distribution.of(s.shared),
-        gap_drift=Distribution.of(s.gap_drift),
-        gap_drift_ulps=dist_ulps,
+        gap_drift=Distribution.of(pairs.drift),
+        gap_drift_ulps=Distribution.of(pairs.drift_ulps[np.isfinite(pairs.drift_ulps)]),
+        contender_gap_drift=Distribution.of(pairs.drift[pairs.gap <= bound] if bound is not None else []),
+        flip_gaps=Distribution.of([g for g, _ in flips]),
         chosen_logit_abs_delta=Distribution.of(s.chosen_logit),
         kl=Distribution.of(s.kl),
         shared_support=Distribution.of(s.support),
@@ -452,18 +477,21 @@ def calibrate(
         top1_agreed=top1_agreed,
         top1_source=top1_source,
         top_gaps=top_gaps,
-        gap_drift_histogram=Histogram.of(s.gap_drift),
+        gap_drift_histogram=Histogram.of(pairs.drift),
         recommendation=rec,
         notes=tuple(notes),
         samples={
             "chosen_abs_delta": tuple(s.chosen),
-            "gap_drift": tuple(s.gap_drift),
+            "gap_drift": tuple(s.pair_drift),
             "kl": tuple(s.kl),
             "top2_gaps": tuple(s.top2),
         },
     )
     if with_verdicts:
-        cal = replace(cal, verdicts=verdicts(oracle, candidate, rec))
+        recommended = compare(oracle, candidate, rec.doctrine)
+        cal = replace(
+            cal, verdicts=Verdicts(default.verdict, default.summary, recommended.verdict, recommended.summary)
+        )
     return cal
 
 
@@ -508,46 +536,129 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+def contender_bound(gaps: np.ndarray, drifts: np.ndarray) -> float:
+    """The largest drift among the rivals that drift could overturn: the fixed point of
+    T = max{drift : gap <= T}, approached from the largest drift of all.
+
+    A rival whose oracle gap exceeds T can flip only by drifting more than its gap; rivals
+    deep in the tail drift more (their logprobs carry more error) but cannot flip, so
+    they must not widen the threshold. Each step drops the rivals too far away to be
+    overturned by the previous bound; the bound never grows, so this ends.
+    """
+    if drifts.size == 0:
+        return 0.0
+    bound = float(drifts.max())
+    while True:
+        near = drifts[gaps <= bound]
+        nxt = float(near.max()) if near.size else 0.0
+        if nxt >= bound:
+            return bound
+        bound = nxt
+
+
+@dataclass(frozen=True, slots=True)
+class Pairs:
+    """The (oracle gap, gap drift) of every rival pair at matched positions, in mnats, and
+    the same in grid steps (NaN where the oracle recorded no logit)."""
+
+    gap: np.ndarray
+    drift: np.ndarray
+    gap_ulps: np.ndarray
+    drift_ulps: np.ndarray
+
+    @classmethod
+    def of(cls, s: _Samples) -> Pairs:
+        gap = np.asarray(s.pair_gap, dtype=np.float64)
+        drift = np.asarray(s.pair_drift, dtype=np.float64)
+        step_mnats = 1000.0 * np.asarray(s.pair_step, dtype=np.float64)
+        return cls(gap, drift, gap / step_mnats, drift / step_mnats)
+
+    @classmethod
+    def from_lists(
+        cls, gap: Sequence[float], drift: Sequence[float], step_mnats: Sequence[float] | None = None
+    ) -> Pairs:
+        g = np.asarray(gap, dtype=np.float64)
+        d = np.asarray(drift, dtype=np.float64)
+        st = np.asarray(step_mnats if step_mnats is not None else [math.nan] * g.size, dtype=np.float64)
+        return cls(g, d, g / st, d / st)
+
+
 def recommend(
+    pairs: Pairs,
     *,
-    gap_drift: Distribution,
-    gap_drift_ulps: Distribution | None,
-    top2_mnats: Sequence[float],
+    flip_gaps_mnats: Sequence[float] = (),
+    flip_gaps_ulps: Sequence[float] | None = None,
+    top2_mnats: Sequence[float] = (),
+    top2_ulps: Sequence[float] | None = None,
     dtype: str = "bfloat16",
 ) -> Recommendation:
-    """The near-tie thresholds that ratify every honest flip the sample shows, and why.
+    """The near-tie allowance that ratifies every honest flip the sample shows, and why.
 
-    The threshold in mnats is the largest gap drift, rounded up to a multiple of 5; the
-    threshold in grid steps (when the oracle's logits are known) is the largest drift in
-    steps, rounded up to a whole step. A gap drift smaller than the threshold is what two
-    honest engines do; a threshold below it would fail an honest candidate on a prompt
-    whose top-2 gap happens to be that small.
+    In mnats: the contender bound of the gap drift (`contender_bound`), raised to the
+    largest oracle gap at which a rival's drift did overturn it and to the largest gap at
+    which the candidate actually flipped, rounded up to a multiple of 5. In grid steps
+    (when the oracle's logits are known): the same in steps, rounded up to a whole step.
+    Either ratifies the same honest flips; the one with fewer oracle positions inside it
+    (where a defect that small would pass unseen) is recommended, never both (a gap within
+    either is a near tie, so both together are looser than each). The sample is presumed
+    honest: calibrate against a candidate you trust.
     """
     reasons: list[str] = []
     top2 = np.asarray(list(top2_mnats), dtype=np.float64)
-    if gap_drift.count == 0 or gap_drift.max is None:
+    if pairs.drift.size == 0:
         reasons.append(
             "no rival token was listed by both engines at a matched position, so no drift could be measured; "
             f"keep the default --near-tie-mnats {_num(DEFAULT_NEAR_TIE_MNATS)}"
         )
         return Recommendation(DEFAULT_NEAR_TIE_MNATS, None, dtype, "none", tuple(reasons))
-    confidence = "high" if gap_drift.count >= MIN_PAIRS_FOR_CONFIDENCE else "low"
-    if gap_drift.max == 0.0:
+    has_ulps = flip_gaps_ulps is not None and bool(np.isfinite(pairs.drift_ulps).any())
+    if float(pairs.drift.max()) == 0.0 and not len(flip_gaps_mnats):
         reasons.append(
-            f"over {gap_drift.count} rival pairs the gap between the oracle's token and each rival "
-            "did not move at all: "
-            "the candidate reproduces the oracle's logprob gaps bit for bit, so any nonzero gap is a defect "
-            "(--near-tie-mnats 0; exact ties stay ratified)"
+            f"over {pairs.drift.size} rival pairs the gap between the oracle's token and each rival "
+            "did not move at all: the candidate reproduces the oracle's logprob gaps bit for bit, so any "
+            "nonzero gap is a defect (--near-tie-mnats 0; exact ties stay ratified)"
         )
-        return Recommendation(0.0, 0.0 if gap_drift_ulps is not None else None, dtype, confidence, tuple(reasons))
+        confidence = "high" if pairs.drift.size >= MIN_PAIRS_FOR_CONFIDENCE else "low"
+        return Recommendation(0.0, 0.0 if has_ulps else None, dtype, confidence, tuple(reasons), 0.0, 0)
 
-    mnats = max(_round_up(gap_drift.max, ROUND_MNATS), ROUND_MNATS)
+    bound = contender_bound(pairs.gap, pairs.drift)
+    near = pairs.gap <= bound
+    contenders = int(near.sum())
+    overturned = pairs.gap[(pairs.drift > pairs.gap) & (pairs.gap > 0.0)]
+    worst_overturned = float(overturned.max()) if overturned.size else 0.0
+    worst_flip = max(flip_gaps_mnats, default=0.0)
+    mnats = max(_round_up(max(bound, worst_overturned, worst_flip), ROUND_MNATS), ROUND_MNATS)
+    near_drift = pairs.drift[near]
+    if contenders:
+        reasons.append(
+            f"a rival can only flip when the gap between it and the oracle's token moves by more than that gap; "
+            f"among the {contenders} rival pairs within {bound:.1f} mnats of the oracle's token (the ones a drift "
+            f"that size could overturn) the gap moved by a median {float(np.median(near_drift)):.1f}, p99 "
+            f"{float(np.quantile(near_drift, 0.99, method='inverted_cdf')):.1f} and at most {bound:.1f} mnats"
+        )
+    else:
+        reasons.append(
+            "a rival can only flip when the gap between it and the oracle's token moves by more than that gap; "
+            "no rival in this sample was near enough for the drift seen to overturn it"
+        )
+    far = pairs.drift[~near]
+    if far.size:
+        reasons.append(
+            f"the {far.size} rivals further away moved more (at most {float(far.max()):.1f} mnats) but "
+            + (
+                "never by more than their own gap, so they cannot flip and do not widen the threshold"
+                if worst_overturned <= bound
+                else f"one moved past its gap of {worst_overturned:.1f} mnats, which the threshold covers"
+            )
+        )
+    if len(flip_gaps_mnats):
+        reasons.append(
+            f"the candidate itself flipped at {len(flip_gaps_mnats)} positions with oracle gaps up to "
+            f"{worst_flip:.1f} mnats (exact ties aside)"
+        )
     reasons.append(
-        f"the gap between the oracle's token and a rival both engines list moved by a median "
-        f"{gap_drift.median:.1f}, p99 {gap_drift.p99:.1f} and at most {gap_drift.max:.1f} mnats over "
-        f"{gap_drift.count} rival pairs; the candidate flips to a rival exactly when this drift exceeds the "
-        f"oracle's gap, so {_num(mnats)} mnats (the largest drift, rounded up to {_num(ROUND_MNATS)}) ratifies every "
-        "honest flip this sample shows"
+        f"so --near-tie-mnats {_num(mnats)} (rounded up to {_num(ROUND_MNATS)}) ratifies every honest flip this "
+        "sample shows; the sample is presumed honest: calibrate against a candidate you trust"
     )
     if mnats < DEFAULT_NEAR_TIE_MNATS:
         reasons.append(
@@ -559,35 +670,55 @@ def recommend(
             f"that is above the default {_num(DEFAULT_NEAR_TIE_MNATS)} mnats: under the default an honest flip "
             f"with a gap of {_num(DEFAULT_NEAR_TIE_MNATS)}-{_num(mnats)} mnats would fail as a defect"
         )
+    blind_m = int(((top2 > 0.0) & (top2 <= mnats)).sum())
     if top2.size:
-        blind = int(((top2 > 0.0) & (top2 <= mnats)).sum())
         reasons.append(
-            f"the cost: {blind} of {top2.size} oracle positions ({100.0 * blind / top2.size:.1f}%) have a top-2 gap "
-            f"within {_num(mnats)} mnats; a flip there is ratified, so a defect that small passes unseen at them"
+            f"the cost: {blind_m} of {top2.size} oracle positions ({100.0 * blind_m / top2.size:.1f}%) have a top-2 "
+            f"gap within {_num(mnats)} mnats; a flip there is ratified, so a defect that small passes unseen at them"
         )
-    ulps: float | None = None
-    if gap_drift_ulps is not None and gap_drift_ulps.count and gap_drift_ulps.max is not None:
-        ulps = max(float(math.ceil(gap_drift_ulps.max - 1e-9)), 1.0)
+    confidence = "high" if contenders >= MIN_PAIRS_FOR_CONFIDENCE else "low"
+    chosen = Recommendation(mnats, None, dtype, confidence, (), bound, contenders)
+    if has_ulps and flip_gaps_ulps is not None:
+        known = np.isfinite(pairs.drift_ulps)
+        gap_u, drift_u = pairs.gap_ulps[known], pairs.drift_ulps[known]
+        bound_u = contender_bound(gap_u, drift_u)
+        over_u = gap_u[(drift_u > gap_u) & (gap_u > 0.0)]
+        top_u = max(bound_u, float(over_u.max()) if over_u.size else 0.0, max(flip_gaps_ulps, default=0.0))
+        ulps = max(float(math.ceil(top_u - 1e-6)), 1.0)
+        steps = np.asarray(list(top2_ulps or ()), dtype=np.float64)
+        blind_u = int(((steps > 0.0) & (steps <= ulps)).sum())
+        everywhere = steps.size == top2.size
         reasons.append(
-            f"in steps of the {dtype} grid at the oracle's top logit the drift was a median "
-            f"{gap_drift_ulps.median:.2f}, p99 {gap_drift_ulps.p99:.2f}, at most {gap_drift_ulps.max:.2f} steps "
-            f"({gap_drift_ulps.count} pairs with a recorded logit): --near-tie-ulps {_num(ulps)} scales the "
-            "threshold with the logit's size, where a fixed number of mnats is too loose for small logits "
-            "and too tight for large ones"
+            f"in steps of the {dtype} grid at the oracle's top logit, rivals within {bound_u:.2f} steps moved by "
+            f"at most {bound_u:.2f} steps"
+            + (f" and the candidate flipped at gaps up to {max(flip_gaps_ulps):.2f} steps" if flip_gaps_ulps else "")
+            + f": --near-tie-mnats 0 --near-tie-ulps {_num(ulps)} would ratify the same flips, "
+            f"with {blind_u} positions ({100.0 * blind_u / max(top2.size, 1):.1f}%) inside it"
+        )
+        if everywhere and blind_u < blind_m:
+            chosen = Recommendation(0.0, ulps, dtype, confidence, (), bound, contenders)
+            reasons.append(
+                f"the grid allowance sees more: {blind_u} positions within it against {blind_m} within "
+                f"{_num(mnats)} mnats, so it is the recommendation (the drift scales with the logit's size here)"
+            )
+        else:
+            why = (
+                f"{blind_u} positions within it against {blind_m} within {_num(mnats)} mnats: the drift does not "
+                "scale with the top logit's grid here (small top logits drift by many of their fine steps)"
+                if everywhere
+                else "not every oracle position has a recorded logit"
+            )
+            reasons.append(f"the fixed threshold stays the recommendation: {why}")
+        reasons.append(
+            "set one allowance, not both: a gap within either is a near tie, so both together are looser than each"
         )
     if confidence == "low":
         reasons.append(
-            f"only {gap_drift.count} rival pairs (fewer than {MIN_PAIRS_FOR_CONFIDENCE}): the largest drift of a "
-            "small sample underestimates the engines' true spread; calibrate on a larger suite before relying on it"
+            f"only {contenders} rival pairs near enough to flip (fewer than {MIN_PAIRS_FOR_CONFIDENCE}): the "
+            "largest drift of a small sample underestimates the engines' true spread; calibrate on a larger "
+            "suite before relying on it"
         )
-    return Recommendation(mnats, ulps, dtype, confidence, tuple(reasons))
-
-
-def verdicts(oracle: Trace, candidate: Trace, rec: Recommendation) -> Verdicts:
-    """The candidate's verdict under the default doctrine and under `rec`."""
-    default = compare(oracle, candidate, Doctrine(dtype=rec.dtype))
-    recommended = compare(oracle, candidate, rec.doctrine)
-    return Verdicts(default.verdict, default.summary, recommended.verdict, recommended.summary)
+    return replace(chosen, reasons=tuple(reasons))
 
 
 def calibration_figures(cal: Calibration, near_tie_mnats: float | None = None) -> list[dict[str, Any]]:

@@ -58,8 +58,12 @@ def calibration_renderable(cal: Calibration) -> RenderableType:
     _row(drift, "chosen token |Δlogprob|", cal.chosen_abs_delta)
     _row(drift, "shared top-k |Δlogprob|", cal.shared_abs_delta)
     _row(drift, "gap drift: oracle token vs each rival", cal.gap_drift)
+    if cal.recommendation.contender_bound_mnats is not None:
+        _row(drift, "  of rivals near enough to flip", cal.contender_gap_drift)
     if cal.gap_drift_ulps.count:
         _row(drift, f"gap drift in {cal.dtype} steps", cal.gap_drift_ulps, 2)
+    if cal.flip_gaps.count:
+        _row(drift, "oracle gap where the candidate flipped", cal.flip_gaps)
     if cal.chosen_logit_abs_delta.count:
         _row(drift, "chosen token |Δlogit|", cal.chosen_logit_abs_delta)
     _row(drift, "KL over shared top-k (renormalised)", cal.kl, 3)

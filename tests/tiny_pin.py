@@ -1,0 +1,56 @@
+"""A pin for a tiny random Llama, recorded by the HF engine: for the doctrine's slow tests.
+
+The model (tests/tiny_models.py, lm_head scaled x20) has logits at |logit| 8-16 like a
+trained model's (bf16 steps of 62.5 mnats), so a 16-prompt suite has a handful of exact
+top-2 ties and top-2 gaps of a few grid steps. Built in seconds, nothing downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+MODEL = "tiny/llama-doctrine"
+PROMPTS = 16
+MAX_TOKENS = 24
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the duration: on a shared 2-core machine, two OpenMP threads
+    that wait on each other run a decode loop an order of magnitude slower than one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def build_tiny_pin(root: Path) -> tuple[Path, Path]:
+    """(weights folder, pins root) with a recorded pin of MODEL under root."""
+    from tiny_models import build_tiny_llama
+
+    from gate.core.pins import OracleSettings, PinFolder, write_pin
+    from gate.core.runner import record_oracle
+    from gate.core.suite import Suite, SuitePrompt
+    from gate.engines.hf import HFEngine
+
+    weights = build_tiny_llama(root / "weights", seed=1, lm_head_scale=20.0)
+    pins = root / "pins"
+    suite = Suite(
+        tuple(SuitePrompt(id=f"p{i:02d}", text=f"The quick {i} brown fox number {i * 7}") for i in range(PROMPTS))
+    ).resolved(MAX_TOKENS)
+    settings = OracleSettings(model=MODEL, engine="hf", max_tokens=MAX_TOKENS, top_k=5)
+    engine = HFEngine(str(weights))
+    try:
+        trace = record_oracle(engine, model=MODEL, suite=suite, settings=settings, model_source=str(weights))
+    finally:
+        engine.close()
+    folder = PinFolder(model=MODEL, root=pins)
+    folder.path.mkdir(parents=True)
+    write_pin(folder, suite, settings, trace, force=False)
+    return weights, pins
