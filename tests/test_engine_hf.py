@@ -119,7 +119,7 @@ def test_the_gate_calls_the_highest_id_rule_exact_ties(tie_model_path: Path) -> 
 
 
 def test_generate_matches_transformers_generate(llama: HFEngine) -> None:
-    for p in prompts(llama):
+    for p in prompts(llama)[:2]:
         ours = llama.generate([p], 0)[0]
         ids = torch.tensor([list(p.prompt_token_ids)])
         theirs = llama.model.generate(ids, max_new_tokens=p.max_tokens, do_sample=False, pad_token_id=EOS_ID)
@@ -131,8 +131,9 @@ def test_force_on_its_own_tokens_reproduces_generate_bit_for_bit(
     model: str, llama: HFEngine, qwen3_5: HFEngine
 ) -> None:
     engine = llama if model == "llama" else qwen3_5
-    n = 16 if model == "llama" else 8
-    for rec in engine.generate(prompts(engine, n), TOP_K):
+    # The Gated DeltaNet layers run transformers' slow reference kernels on CPU: fewer tokens.
+    batch = prompts(engine, 16) if model == "llama" else prompts(engine, 8)[:2]
+    for rec in engine.generate(batch, TOP_K):
         forced = engine.force(rec.prompt_token_ids, rec.token_ids, TOP_K)
         assert forced.mode == "decode"
         assert forced.token_ids == rec.token_ids
@@ -273,7 +274,7 @@ def test_qwen3_5_moe_gated_against_itself(qwen3_5: HFEngine, qwen3_5_moe_path: P
     the whole gate: the highest-id rule is caught as exact ties only, and running float32
     instead of bf16 is seen (a different model numerically), with forced decode covering
     every position."""
-    oracle = qwen3_5.generate(prompts(qwen3_5, 12), TOP_K)
+    oracle = qwen3_5.generate(prompts(qwen3_5, 10)[:3], TOP_K)
     o = trace("oracle", oracle)
 
     highest = compare(o, trace("candidate", with_forced(HFEngine(str(qwen3_5_moe_path), tie_break="highest"), oracle)))

@@ -176,3 +176,46 @@ def test_selftest_cli_on_the_tiny_pin(tiny_pin: tuple[Path, Path], capsys: pytes
     out = capsys.readouterr()
     assert exc.value.code == 1, out.err
     assert json.loads(out.out)["mutants"][0]["met"] is False
+
+
+# --------------------------------------------------------------------------- the faults themselves
+
+
+def test_runner_up_is_argmax_order_without_the_top() -> None:
+    import torch
+
+    from gate.engines.mutants import runner_up
+
+    assert runner_up(torch.tensor([1.0, 3.0, 3.0, 2.0])) == 2  # a tied runner-up: the next id
+    assert runner_up(torch.tensor([5.0, 3.0, 4.0, 4.0])) == 2
+
+
+def test_raise_by_steps_walks_the_dtype_grid_across_a_power_of_two() -> None:
+    import torch
+
+    from gate.engines.mutants import raise_by_steps
+
+    x = torch.tensor(15.9375)  # the last bf16 number below 16 (step 1/16)
+    assert float(raise_by_steps(x, 1, torch.bfloat16)) == 16.0
+    assert float(raise_by_steps(x, 2, torch.bfloat16)) == 16.125  # step 1/8 above 16
+    assert float(raise_by_steps(torch.tensor(-3.0), 1, torch.bfloat16)) == -3.0 + 2.0**-6
+    assert float(raise_by_steps(torch.tensor(16.0), 4, torch.float16)) == 16.0 + 4 * 2.0**-6
+    assert raise_by_steps(x, 1, torch.bfloat16).dtype == torch.float32
+
+
+def test_the_layer_skip_and_its_bounds(tiny_pin: tuple[Path, Path]) -> None:
+    from gate.engines.base import PromptInput
+    from gate.engines.hf import HFEngine
+    from gate.engines.mutants import LayerSkippedHFEngine
+
+    weights, _ = tiny_pin
+    with one_thread():
+        skipped = LayerSkippedHFEngine(str(weights), layer=0)
+        plain = HFEngine(str(weights))
+        prompt = [PromptInput(id="p", prompt_token_ids=(72, 101, 108, 108, 111), max_tokens=4)]
+        a, b = skipped.generate(prompt, 5)[0], plain.generate(prompt, 5)[0]
+    assert skipped.info()["mutation"] == "decoder layer 0 skipped"
+    assert a.top_logprobs != b.top_logprobs
+    assert type(skipped.model.model.layers[0]).__name__ == "_PassThrough"
+    with pytest.raises(InputError, match="the model has 2 decoder layers"):
+        LayerSkippedHFEngine(str(weights), layer=2)

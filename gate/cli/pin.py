@@ -131,14 +131,14 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str, typer.Option("--model", "-m", help="Model id, e.g. Qwen/Qwen3.6-35B-A3B.")],
         prompts: Annotated[
             Path | None,
-            typer.Option("--prompts", help="Prompt suite (JSON Lines) [default: the pin folder's suite.jsonl]."),
+            typer.Option("--prompts", help="Prompt suite (JSON Lines) \\[default: the pin folder's suite.jsonl]."),
         ] = None,
         max_tokens: Annotated[
             int | None,
-            typer.Option("--max-tokens", min=1, help="Tokens per prompt, for every prompt [default: the suite's]."),
+            typer.Option("--max-tokens", min=1, help="Tokens per prompt, for every prompt \\[default: the suite's]."),
         ] = None,
         top_k: Annotated[
-            int | None, typer.Option("--top-k", min=1, help="Top logprobs per position [default: oracle.json's, 20].")
+            int | None, typer.Option("--top-k", min=1, help="Top logprobs per position \\[default: oracle.json's, 20].")
         ] = None,
         engine_opt: Annotated[
             list[str] | None,
@@ -170,7 +170,7 @@ def register(app: typer.Typer) -> None:
     @pin_app.command("show")
     def show_cmd(
         model: Annotated[
-            str | None, typer.Option("--model", "-m", help="Model id [default: the embedded default].")
+            str | None, typer.Option("--model", "-m", help="Model id \\[default: the embedded default].")
         ] = None,
         pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
     ) -> None:

@@ -186,13 +186,13 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--model",
                 "-m",
-                help="Model id whose pin to gate against [default: the embedded SmolLM2-135M-Instruct].",
+                help="Model id whose pin to gate against \\[default: the embedded SmolLM2-135M-Instruct].",
             ),
         ] = None,
         engine: Annotated[
             str | None,
             typer.Option(
-                "--engine", "-e", help="Candidate engine: hf, vllm, openai, a plugin, or module:Class [default: hf]."
+                "--engine", "-e", help="Candidate engine: hf, vllm, openai, a plugin, or module:Class \\[default: hf]."
             ),
         ] = None,
         engine_opt: Annotated[
@@ -207,12 +207,17 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         near_tie_mnats: Annotated[
-            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats [default: 125].")
+            float | None,
+            typer.Option(
+                "--near-tie-mnats", help="Near-tie threshold in millinats \\[default: the pin's doctrine, else 125]."
+            ),
         ] = None,
         near_tie_ulps: Annotated[
             float | None,
             typer.Option(
-                "--near-tie-ulps", help="Also ratify gaps within N steps of the dtype grid (needs raw logits)."
+                "--near-tie-ulps",
+                help="Also ratify gaps within N steps of the dtype grid (needs the pin's raw logits) "
+                "\\[default: the pin's doctrine].",
             ),
         ] = None,
         strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.")] = False,
@@ -230,7 +235,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         pins_dir: Annotated[
             Path | None,
-            typer.Option("--pins-dir", help="Folder of pins [default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
+            typer.Option("--pins-dir", help="Folder of pins \\[default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
         ] = None,
         force: Annotated[
             bool, typer.Option("--force", help="Replace --output and --save-trace if they exist.")
@@ -263,7 +268,7 @@ def register(app: typer.Typer) -> None:
         model: Annotated[
             str | None,
             typer.Option(
-                "--model", "-m", help="Model id whose pinned prompts to export [default: the embedded default]."
+                "--model", "-m", help="Model id whose pinned prompts to export \\[default: the embedded default]."
             ),
         ] = None,
         output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,

@@ -407,6 +407,13 @@ def judge_move(
     )
 
     def real(reason: str, **kw: Any) -> GoldenMove:
+        if base.candidate_gap_mnats == 0.0:
+            # Worth saying, though it proves nothing against the oracle: the engine itself
+            # scores both tokens the same here, so its own tie-break rule picked between them.
+            reason += (
+                "; the new run's own logprobs hold both tokens at an exact tie (its own tie-break, "
+                "which the oracle cannot confirm here)"
+            )
         return replace(base, cause=REAL_CHANGE, reason=reason, **kw)
 
     if oracle is None:

