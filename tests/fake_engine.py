@@ -29,8 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from gate.core.trace import PromptRecord
-from gate.engines.base import ForcedDecode, PromptInput, parse_options
-from gate.engines.openai import ForcedDecodeUnavailable
+from gate.engines.base import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 
 VOCAB = 40
 BOS = 1

@@ -209,6 +209,16 @@ def test_the_new_runs_own_gap_is_reported_when_it_has_logprobs() -> None:
     assert m.candidate_gap_mnats == 0.0
 
 
+def test_an_engines_own_tie_is_noted_but_is_no_oracle_evidence() -> None:
+    """Off the oracle's path the new run's own exact tie is reported, and stays a real change."""
+    own = [far(100), far(555), top((102, -0.5), (900, -0.5), (7, -3.0)), far(103)]
+    m = judge(with_position_2(TIE), old=[100, 555, 900, 103], new=[100, 555, 102, 103], top_logprobs=own)
+    assert m.cause == REAL_CHANGE and m.candidate_gap_mnats == 0.0
+    assert "no oracle evidence" in m.reason and "own logprobs hold both tokens at an exact tie" in m.reason
+    plain = judge(with_position_2(TIE), old=[100, 555, 900, 103], new=[100, 555, 102, 103])
+    assert "own logprobs" not in plain.reason
+
+
 def test_find_moves_lists_only_moved_prompts_in_order() -> None:
     o1, o2, o3 = (oracle(pid, [far(100), far(101), TIE, far(103)]) for pid in ("a", "b", "c"))
     golden = trace(

@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         near_tie_ulps: Annotated[
             float | None,
-            typer.Option("--near-tie-ulps", help="Also ratify gaps within N steps of the dtype grid (needs raw logits)."),
+            typer.Option("--near-tie-ulps", help="Also ratify gaps within N dtype grid steps (needs raw logits)."),
         ] = None,
         strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.")] = False,
         fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown, junit or html.")] = "rich",

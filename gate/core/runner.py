@@ -27,8 +27,7 @@ from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
 from gate.core.pins import OracleSettings, Pin, oracle_header
 from gate.core.suite import Suite
 from gate.core.trace import PromptRecord, TopList, Trace, TraceError, TraceHeader, check_top_logprobs
-from gate.engines.base import Engine, PromptInput
-from gate.engines.openai import ForcedDecodeUnavailable
+from gate.engines.base import Engine, ForcedDecodeUnavailable, PromptInput
 from gate.errors import EngineError, GateError, InputError, PinError
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from gate.core.trace import PromptRecord, TopList
-from gate.errors import InputError
+from gate.errors import EngineError, InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,14 @@ class ForcedDecode:
     top_logprobs: Sequence[TopList] | None = None
     mode: str = "decode"
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ForcedDecodeUnavailable(EngineError):
+    """The engine cannot give forced data (e.g. a server with no prompt logprobs).
+
+    The runner then counts the positions after a prompt's first divergence as
+    unadjudicated instead of failing the run.
+    """
 
 
 @runtime_checkable
@@ -70,7 +78,9 @@ class Engine(Protocol):
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode: ...
 
-    def encode(self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None) -> tuple[int, ...] | None: ...
+    def encode(
+        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+    ) -> tuple[int, ...] | None: ...
 
     def decode_tokens(self, ids: Sequence[int]) -> list[str] | None: ...
 

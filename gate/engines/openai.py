@@ -42,7 +42,7 @@ import orjson
 
 from gate import __version__
 from gate.core.trace import PromptRecord
-from gate.engines.base import ForcedDecode, PromptInput, parse_options
+from gate.engines.base import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.errors import EngineError, InputError
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -76,11 +76,6 @@ SCHEMA: dict[str, tuple[type, Any]] = {
     "max_logprobs": (int, DEFAULT_MAX_LOGPROBS),
     "extra_body": (str, None),
 }
-
-
-class ForcedDecodeUnavailable(EngineError):
-    """The server cannot give forced data (no prompt logprobs); the runner marks the
-    positions after a prompt's first divergence unadjudicated instead of failing."""
 
 
 class ServerError(EngineError):

@@ -52,7 +52,7 @@ def resolve(name: str) -> type[Any]:
         cls = getattr(module, attr)
     except AttributeError:
         raise InputError(f"engine {name!r}: {module_name} has no attribute {attr!r}") from None
-    return cls  # type: ignore[no-any-return]
+    return cls
 
 
 def load_engine(name: str, model: str, options: Mapping[str, str] | None = None) -> Engine:
@@ -65,4 +65,4 @@ def load_engine(name: str, model: str, options: Mapping[str, str] | None = None)
         raise EngineError(f"engine {name!r} ran out of memory loading {model}: {exc}") from exc
     except Exception as exc:  # an engine's own failure to start is an engine failure
         raise EngineError(f"engine {name!r} failed to load {model}: {type(exc).__name__}: {exc}") from exc
-    return engine  # type: ignore[no-any-return]
+    return engine

@@ -18,8 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gate.core.trace import PromptRecord, read_trace
-from gate.engines.base import ForcedDecode, PromptInput, parse_options
-from gate.engines.openai import ForcedDecodeUnavailable
+from gate.engines.base import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.errors import InputError
 
 __version__ = "0.1.0"
