@@ -235,11 +235,11 @@ def _append_step_summary(result: GoldensResult) -> None:
 
 _Model = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Model id whose pin and goldens to use [default: the embedded default]."),
+    typer.Option("--model", "-m", help="Model id whose pin and goldens to use \\[default: the embedded default]."),
 ]
 _Engine = Annotated[
     str | None,
-    typer.Option("--engine", "-e", help="Engine: hf, vllm, openai, a plugin, or module:Class [default: hf]."),
+    typer.Option("--engine", "-e", help="Engine: hf, vllm, openai, a plugin, or module:Class \\[default: hf]."),
 ]
 _EngineOpt = Annotated[
     list[str] | None,
@@ -250,11 +250,11 @@ _ModelPath = Annotated[
 ]
 _PinsDir = Annotated[
     Path | None,
-    typer.Option("--pins-dir", help="Folder of pins [default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
+    typer.Option("--pins-dir", help="Folder of pins \\[default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
 ]
 _GoldensDir = Annotated[
     Path | None,
-    typer.Option("--goldens-dir", help="Folder of goldens [default: $GATE_GOLDENS_DIR, ./goldens, gate's own]."),
+    typer.Option("--goldens-dir", help="Folder of goldens \\[default: $GATE_GOLDENS_DIR, ./goldens, gate's own]."),
 ]
 _Golden = Annotated[
     Path | None,
@@ -313,15 +313,17 @@ def register(app: typer.Typer) -> None:
             typer.Option("--accept", help="Rewrite the moved goldens with the new tokens (backup kept); exit 0."),
         ] = False,
         near_tie_mnats: Annotated[
-            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats [default: 125].")
+            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats \\[default: 125].")
         ] = None,
         near_tie_ulps: Annotated[
             float | None,
             typer.Option("--near-tie-ulps", help="Also count gaps within N dtype grid steps as near ties."),
         ] = None,
     ) -> None:
-        """Re-run the engine and list every golden whose tokens moved, with the cause judged against the
-        pin (exit 0 nothing moved, 1 moved, 2 input, 3 engine)."""
+        """Re-run the engine and list every golden that moved, with its cause (exit 0 none, 1 moved).
+
+        Each move's cause is judged against the oracle pin: "was recording a tie-break", "near-tie
+        flip" or "real change". Exit 2 for input errors, 3 when the engine fails."""
         raise typer.Exit(
             check_goldens(
                 model=model,

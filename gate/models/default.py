@@ -180,7 +180,7 @@ def _build(gguf: Path, out: Path) -> None:
     try:
         import torch
         import transformers
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     except ImportError as exc:
         raise InputError(f"building the default model needs the hf extra ({exc}); pip install 'gate[hf]'") from None
 
@@ -188,7 +188,14 @@ def _build(gguf: Path, out: Path) -> None:
     out.mkdir(parents=True)
     # Dequantise in float32 (the GGUF kernels' own precision), then round once to bf16
     # ourselves: the one rounding step is explicit and the same on every machine.
-    quantised = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # `dequantize=True`: dense weights even where transformers could keep them packed
+    # (it does when the `kernels` package is installed).
+    quantised = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent),
+        gguf_file=gguf.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
     state = {name: tensor.detach().to(torch.bfloat16) for name, tensor in quantised.state_dict().items()}
     config = quantised.config
     generation_config = quantised.generation_config
