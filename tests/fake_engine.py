@@ -19,11 +19,29 @@ Options (`--engine-opt key=value`, all strings as the CLI gives them):
   tokenizer       same | drift (one prompt token differs) | none (cannot tokenize)
   forced          decode | unavailable (force raises ForcedDecodeUnavailable)
   batch_size      prompts per generate call the runner should use (default: unset)
+  fault           an engine fault in generate (or force), for prompt `fault_prompt` (default: all):
+                  nan (a NaN logprob) | inf (an infinite one) | short (3 tokens too few, finish
+                  "length") | short_stop (the same, finish "stop": an honest early stop) | oov (a
+                  token id past the vocabulary) | oov_force (the same in force) | hang | hang_force
+                  (wait until `FakeEngine.release` is set, at most 60 s)
+  fault_prompt    the prompt id the fault hits
+  report_vocab    true | false: whether info() states vocab_size (default true)
+  nondeterministic  token | logprob: from its second generation of a prompt on, the engine
+                  breaks ties toward the highest id, or shifts one logprob by 1e-6 nats
+
+Environment (read when the engine is built, so a resumed run keeps the same options):
+  GATE_FAKE_INTERRUPT_AFTER  N: raise KeyboardInterrupt (a Ctrl-C) before the (N+1)-th prompt
+  GATE_FAKE_INTERRUPT_FORCE  1: raise KeyboardInterrupt in force (a Ctrl-C while teacher-forcing)
+  GATE_FAKE_CRASH_AFTER      N: raise RuntimeError (an engine crash) before the (N+1)-th prompt
+  GATE_FAKE_SLEEP            seconds to sleep per generated prompt (for kill tests)
 """
 
 from __future__ import annotations
 
 import math
+import os
+import threading
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -49,6 +67,10 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "tokenizer": (str, "same"),
     "forced": (str, "decode"),
     "batch_size": (int, -1),
+    "fault": (str, ""),
+    "fault_prompt": (str, ""),
+    "report_vocab": (bool, True),
+    "nondeterministic": (str, ""),
 }
 
 
@@ -86,6 +108,8 @@ class FakeEngine:
 
     name = "fake"
     history: ClassVar[list[tuple[str, Any]]] = []
+    # Set to end every hang (tests set it when they finish).
+    release: ClassVar[threading.Event] = threading.Event()
 
     def __init__(self, model: str, **options: Any) -> None:
         opts = parse_options(self.name, options, OPTIONS)
@@ -96,6 +120,11 @@ class FakeEngine:
         self.opts = opts
         if opts["batch_size"] >= 0:
             self.batch_size = opts["batch_size"]
+        self.interrupt_after = int(os.environ.get("GATE_FAKE_INTERRUPT_AFTER", "-1"))
+        self.crash_after = int(os.environ.get("GATE_FAKE_CRASH_AFTER", "-1"))
+        self.sleep = float(os.environ.get("GATE_FAKE_SLEEP", "0"))
+        self.generated: dict[str, int] = {}
+        self.prompts_done = 0
 
     # ------------------------------------------------------------------ the contract
 
@@ -108,7 +137,15 @@ class FakeEngine:
             "seed": self.opts["seed"],
             "weights_sha256": self.opts["weights_sha256"],
             "tokenizer_sha256": self.opts["tokenizer_sha256"],
+            **({"vocab_size": VOCAB} if self.opts["report_vocab"] else {}),
         }
+
+    def _faulty(self, prompt_id: str | None, *faults: str) -> bool:
+        return self.opts["fault"] in faults and self.opts["fault_prompt"] in ("", prompt_id)
+
+    def _hang(self) -> None:
+        FakeEngine.history.append(("hang", None))
+        FakeEngine.release.wait(60)
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
         FakeEngine.history.append(("generate", [p.id for p in prompts]))
@@ -116,19 +153,41 @@ class FakeEngine:
             raise RuntimeError("toy model crashed in generate")
         out = []
         for p in prompts:
+            if self.prompts_done == self.interrupt_after:
+                raise KeyboardInterrupt
+            if self.prompts_done == self.crash_after:
+                raise RuntimeError(f"toy model crashed after {self.prompts_done} prompts")
+            if self.sleep:
+                time.sleep(self.sleep)
+            if self._faulty(p.id, "hang"):
+                self._hang()
+            self.prompts_done += 1
+            again = self.generated.get(p.id, 0) > 0
+            self.generated[p.id] = self.generated.get(p.id, 0) + 1
+            tie_break = "highest" if again and self.opts["nondeterministic"] == "token" else None
             ids: list[int] = []
             tops = []
             for _ in range(p.max_tokens):
-                choice, top = self._step([*p.prompt_token_ids, *ids], top_k)
+                choice, top = self._step([*p.prompt_token_ids, *ids], top_k, tie_break)
                 ids.append(choice)
                 tops.append(top)
+            if again and self.opts["nondeterministic"] == "logprob":
+                tops[-1][-1][1] -= 1e-6
+            finish = "length"
+            if self._faulty(p.id, "nan", "inf"):
+                tops[0][0][1] = math.nan if self.opts["fault"] == "nan" else -math.inf
+            if self._faulty(p.id, "short", "short_stop"):
+                ids, tops = ids[:-3], tops[:-3]
+                finish = "stop" if self.opts["fault"] == "short_stop" else "length"
+            if self._faulty(p.id, "oov"):
+                ids[0] = VOCAB + 5
             out.append(
                 PromptRecord(
                     id=p.id,
                     prompt_token_ids=tuple(p.prompt_token_ids),
                     token_ids=tuple(ids),
                     top_logprobs=tops if top_k > 0 else None,
-                    finish_reason="length",
+                    finish_reason=finish,
                     prompt=p.prompt,
                 )
             )
@@ -140,12 +199,18 @@ class FakeEngine:
             raise RuntimeError("toy model crashed in force")
         if self.opts["forced"] == "unavailable":
             raise ForcedDecodeUnavailable("toy server: no prompt logprobs")
+        if os.environ.get("GATE_FAKE_INTERRUPT_FORCE") == "1":
+            raise KeyboardInterrupt
+        if self._faulty(None, "hang_force"):
+            self._hang()
         chosen = []
         tops = []
         for i in range(len(token_ids)):
             choice, top = self._step([*prompt_token_ids, *token_ids[:i]], top_k)
             chosen.append(choice)
             tops.append(top)
+        if self._faulty(None, "oov_force"):
+            chosen[-1] = VOCAB + 5
         return ForcedDecode(token_ids=tuple(chosen), top_logprobs=tops, mode="decode")
 
     def encode(
@@ -169,7 +234,7 @@ class FakeEngine:
 
     # ------------------------------------------------------------------ the toy model
 
-    def _step(self, context: Sequence[int], top_k: int) -> tuple[int, list[list[Any]]]:
+    def _step(self, context: Sequence[int], top_k: int, tie_break: str | None = None) -> tuple[int, list[list[Any]]]:
         logits = toy_logits(self.opts["seed"], context)
         if 0 <= self.opts["bias_token"] < VOCAB:
             logits[self.opts["bias_token"]] += self.opts["bias"]
@@ -179,7 +244,7 @@ class FakeEngine:
         best = max(logits)
         tied = [i for i, v in enumerate(logits) if v == best]
         # torch.argmax's rule: the lowest index among equal maxima; `highest` is the mutation.
-        choice = tied[-1] if self.opts["tie_break"] == "highest" else tied[0]
+        choice = tied[-1] if (tie_break or self.opts["tie_break"]) == "highest" else tied[0]
         lps = log_softmax(logits)
         order = sorted(range(VOCAB), key=lambda t: (-lps[t], t))[: max(top_k, 1)]
         if choice not in order:

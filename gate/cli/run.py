@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from gate.core.doctrine import Doctrine
     from gate.core.pins import Pin
+    from gate.core.resume import RunPlan
     from gate.core.runner import RunOutcome, Timings
 
 
@@ -76,6 +77,11 @@ def run_gate(
     pins_dir: Path | None,
     force: bool,
     timings: bool,
+    shard: str | None = None,
+    resume: bool = False,
+    progress_file: Path | None = None,
+    timeout: float | None = None,
+    repeat: int = 1,
 ) -> int:
     from gate.cli.common import check_format, emit_report, parse_engine_opts
     from gate.core.doctrine import Doctrine
@@ -102,6 +108,11 @@ def run_gate(
                 ("--engine-opt", opts),
                 ("--model-path", model_path),
                 ("--save-trace", save_trace),
+                ("--shard", shard),
+                ("--resume", resume),
+                ("--progress-file", progress_file),
+                ("--timeout", timeout),
+                ("--repeat", repeat != 1),
             )
             if v
         ]
@@ -113,7 +124,8 @@ def run_gate(
     else:
         pin = load_pin(model or default_model(), pins_dir)
         doctrine = doctrine_for(pin, strict=strict, **flags)
-        outcome = _run_engine(pin, engine or "hf", opts, model_path, doctrine, Timings())
+        plan = _run_plan(pin, engine or "hf", opts, shard, resume, progress_file, save_trace, timeout, repeat)
+        outcome = _run_engine(pin, engine or "hf", opts, model_path, doctrine, Timings(), plan, fmt)
         if save_trace is not None:
             write_trace(save_trace, outcome.candidate, overwrite=force)
             print(f"candidate trace written to {save_trace}", file=sys.stderr)
@@ -123,20 +135,78 @@ def run_gate(
     return outcome.result.exit_code
 
 
+def _run_plan(
+    pin: Pin,
+    engine_name: str,
+    opts: dict[str, str],
+    shard: str | None,
+    resume: bool,
+    progress_file: Path | None,
+    save_trace: Path | None,
+    timeout: float | None,
+    repeat: int,
+) -> RunPlan:
+    """The options of a long run, checked before the engine loads."""
+    from gate.core.resume import PROGRESS_SUFFIX, RunPlan, default_progress_path
+    from gate.core.shards import parse_shard
+    from gate.errors import InputError
+
+    kn = parse_shard(shard) if shard is not None else None
+    if timeout is not None and not timeout > 0:
+        raise InputError(f"--timeout {timeout}: must be a positive number of seconds")
+    if repeat < 1:
+        raise InputError(f"--repeat {repeat}: must be at least 1")
+    if progress_file is None:
+        if save_trace is not None:
+            progress_file = save_trace.with_name(save_trace.name + PROGRESS_SUFFIX)
+        else:
+            progress_file = default_progress_path(pin.model, engine_name, kn)
+    if not resume and progress_file.exists():
+        print(
+            f"replacing the progress file of an earlier run, {progress_file} (--resume continues one)", file=sys.stderr
+        )
+    return RunPlan(
+        engine_options=opts, shard=kn, progress_path=progress_file, resume=resume, timeout=timeout, repeat=repeat
+    )
+
+
 def _run_engine(
-    pin: Pin, engine_name: str, opts: dict[str, str], model_path: Path | None, doctrine: Doctrine, timings: Timings
+    pin: Pin,
+    engine_name: str,
+    opts: dict[str, str],
+    model_path: Path | None,
+    doctrine: Doctrine,
+    timings: Timings,
+    plan: RunPlan | None = None,
+    fmt: str = "rich",
 ) -> RunOutcome:
-    from gate.core.runner import gate_against_pin
+    from gate.cli.common import emit_report
+    from gate.core.faults import EngineTimeout
+    from gate.core.resume import RunInterrupted, RunPlan, gate_run
     from gate.engines.registry import load_engine
 
     start = time.perf_counter()
     engine = load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
     timings.load_s = time.perf_counter() - start
+    hung = False
+    notes: list[str] = []
     try:
         with _progress_bar() as bar:
-            return gate_against_pin(engine, pin, doctrine, progress=ProgressBar(bar), timings=timings)
+            return gate_run(
+                engine, pin, doctrine, plan or RunPlan(), progress=ProgressBar(bar), timings=timings, notes=notes
+            )
+    except RunInterrupted as exc:
+        # Ctrl-C: the report of the prompts done so far, then exit 130 (gate.cli.main).
+        emit_report(exc.outcome.result, fmt, None)
+        raise
+    except EngineTimeout:
+        hung = True  # the engine is still busy in a thread: closing it could hang too
+        raise
     finally:
-        engine.close()
+        for note in notes:
+            print(note, file=sys.stderr)
+        if not hung:
+            engine.close()
 
 
 def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | None, force: bool) -> int:
@@ -243,6 +313,44 @@ def register(app: typer.Typer) -> None:
         timings: Annotated[
             bool, typer.Option("--timings", help="Print the wall time of each stage on stderr.")
         ] = False,
+        shard: Annotated[
+            str | None,
+            typer.Option(
+                "--shard",
+                help="Run only the K-th of N disjoint slices of the suite (K/N, by prompt id); combine the shard "
+                "traces with `gate merge`.",
+            ),
+        ] = None,
+        resume: Annotated[
+            bool,
+            typer.Option(
+                "--resume", help="Continue an interrupted run from its progress file (same model, engine, options)."
+            ),
+        ] = False,
+        progress_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--progress-file",
+                help="Where finished prompts are appended as the run goes \\[default: SAVE_TRACE.partial.jsonl, "
+                "else .gate/runs/MODEL/ENGINE.partial.jsonl].",
+            ),
+        ] = None,
+        timeout: Annotated[
+            float | None,
+            typer.Option(
+                "--timeout",
+                help="Seconds each engine call (one generate batch, one prompt unless the engine batches; "
+                "or one forced decode) may take before the run fails with exit 3.",
+            ),
+        ] = None,
+        repeat: Annotated[
+            int,
+            typer.Option(
+                "--repeat",
+                help="Run the candidate N times; any token or logprob that changes between repeats is exit 3 "
+                "(a nondeterministic engine cannot be gated token-exactly).",
+            ),
+        ] = 1,
     ) -> None:
         """Gate a candidate engine against the pinned vLLM oracle (exit 0 pass, 1 fail, 2 input, 3 engine)."""
         code = run_gate(
@@ -260,6 +368,11 @@ def register(app: typer.Typer) -> None:
             pins_dir=pins_dir,
             force=force,
             timings=timings,
+            shard=shard,
+            resume=resume,
+            progress_file=progress_file,
+            timeout=timeout,
+            repeat=repeat,
         )
         raise typer.Exit(code)
 
