@@ -140,6 +140,8 @@ def test_near_tie_flip_is_the_doctrines_threshold(runner_up: float, cause: str) 
     m = judge(o, old=[100, 101, 102, 103], new=[100, 101, 900, 103])
     assert m.cause == cause, m.reason
     assert m.gap_mnats == pytest.approx(1000 * (-0.5 - runner_up))
+    if cause == REAL_CHANGE:  # a gap past the threshold never reads as the threshold
+        assert f" {m.gap_mnats!r} mnats below" in m.reason or "250 mnats below" in m.reason
     loose = judge(o, old=[100, 101, 102, 103], new=[100, 101, 900, 103], doctrine=Doctrine(near_tie_mnats=300))
     assert loose.cause == NEAR_TIE_FLIP
 
@@ -156,7 +158,7 @@ def test_two_tokens_tied_far_below_the_oracles_choice_are_a_real_change() -> Non
     o = with_position_2(top((102, -0.25), (900, -1.5), (901, -1.5)))
     m = judge(o, old=[100, 101, 901, 103], new=[100, 101, 900, 103])
     assert m.cause == REAL_CHANGE and m.tie_break == "lower_id"
-    assert "1250.0 mnats below its own choice 102" in m.reason
+    assert "1250 mnats below its own choice 102" in m.reason
 
 
 def test_a_token_outside_the_oracles_top_k_is_a_real_change() -> None:
@@ -697,7 +699,15 @@ def test_proof_goldens_of_the_highest_id_rule_move_only_at_the_vllm_pins_exact_t
 @slow
 def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_id_rule() -> None:
     """`gate goldens check` passes on the committed goldens of the embedded default and fails,
-    with the tie-break label, under `--engine-opt tie_break=highest`."""
+    with the tie-break label, under `--engine-opt tie_break=highest`.
+
+    On this model HF's bf16 logits differ from vLLM's by a step or two here and there, so
+    HF has exact ties of its own where the pin shows a gap: those moves are near-tie flips
+    or real changes by the oracle's evidence. What must hold: every move is the engine's own
+    tie-break (the new run scores old and new the same and takes the higher id), each is
+    labelled "was recording a tie-break" exactly where the pin holds the pair at an exact
+    tie, and every other label agrees with the pin's gap.
+    """
     pytest.importorskip("transformers")
     committed = read_trace(REPO / "goldens" / DEFAULT / "hf.jsonl", role="candidate")
     head = committed.header
@@ -715,15 +725,17 @@ def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_
     rep = report(r)
     pin = load_pin(DEFAULT, REPO / "oracle_pins")
     ties = {(t.prompt_id, t.position): (t.chosen, t.other) for t in exact_top2_ties(pin.trace)}
-    tie_breaks = [m for m in rep["moves"] if m["cause"] == "tie_break"]
-    assert tie_breaks, rep["summary"]
-    for m in tie_breaks:
-        # At an exact tie of the pin, from the oracle's (lowest) id to the higher one.
-        assert ties[(m["prompt_id"], m["position"])] == (m["old_token"], m["new_token"]), m
-        assert m["tie_break"] == "higher_id" and m["label"] == "was recording a tie-break"
+    assert rep["counts"]["tie_breaks"] > 0, rep["summary"]
     for m in rep["moves"]:
-        # Every move is the engine's own tie-break: the new run scores the old and the new
-        # token the same. Where the golden still shares the oracle's context that makes it a
-        # tie-break in the pin too; elsewhere the oracle has no evidence (a real change).
         assert m["candidate_gap_mnats"] == 0.0 and m["new_token"] > m["old_token"], m
-        assert m["cause"] == "tie_break" or (m["cause"] == "real_change" and not m["shares_oracle_context"]), m
+        at_tie = m["shares_oracle_context"] and ties.get((m["prompt_id"], m["position"])) == (
+            m["old_token"],
+            m["new_token"],
+        )
+        assert (m["cause"] == "tie_break") == at_tie, m
+        if m["cause"] == "tie_break":
+            assert m["tie_break"] == "higher_id" and m["label"] == "was recording a tie-break"
+        elif m["cause"] == "near_tie_flip":
+            assert 0 < abs(m["gap_mnats"]) <= 125.0, m
+        else:
+            assert not m["shares_oracle_context"] or m["gap_mnats"] is None or abs(m["gap_mnats"]) > 125.0, m

@@ -220,3 +220,18 @@ def test_a_sigkilled_run_resumes_to_the_uninterrupted_report(pins: Path, tmp_pat
     assert resumed.exit_code == 0, resumed.output
     assert f"{done} of 6 prompts already done" in resumed.stderr
     assert stable(json.loads(resumed.stdout)) == stable(expected)
+
+
+def test_an_unwritable_default_progress_folder_does_not_stop_a_run(
+    pins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("GATE_RUNS_DIR", str(blocker))
+    r = run(pins)
+    assert r.exit_code == 0, r.output
+    assert "running without a progress file" in r.stderr
+    # A progress file asked for by name must be writable.
+    r = run(pins, "--progress-file", str(blocker / "p.jsonl"))
+    assert r.exit_code == 2, r.output
+    assert "cannot write there" in r.stderr

@@ -171,7 +171,7 @@ def selftest_command(
             chosen,
             doctrine,
             progress=ProgressBar(bar),
-            on_mutant=lambda name: err.log(f"selftest: {name}"),
+            on_mutant=lambda name: err.print(f"selftest: running {name}"),
         )
     _emit(render_selftest_json(result), selftest_renderable(result), render_selftest_text(result), fmt, output, force)
     if fmt == "json" or output is not None:

@@ -156,6 +156,7 @@ def _run_plan(
         raise InputError(f"--timeout {timeout}: must be a positive number of seconds")
     if repeat < 1:
         raise InputError(f"--repeat {repeat}: must be at least 1")
+    optional = progress_file is None and save_trace is None and not resume
     if progress_file is None:
         if save_trace is not None:
             progress_file = save_trace.with_name(save_trace.name + PROGRESS_SUFFIX)
@@ -166,7 +167,13 @@ def _run_plan(
             f"replacing the progress file of an earlier run, {progress_file} (--resume continues one)", file=sys.stderr
         )
     return RunPlan(
-        engine_options=opts, shard=kn, progress_path=progress_file, resume=resume, timeout=timeout, repeat=repeat
+        engine_options=opts,
+        shard=kn,
+        progress_path=progress_file,
+        resume=resume,
+        timeout=timeout,
+        repeat=repeat,
+        progress_optional=optional,
     )
 
 

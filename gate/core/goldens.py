@@ -407,14 +407,7 @@ def judge_move(
     )
 
     def real(reason: str, **kw: Any) -> GoldenMove:
-        if base.candidate_gap_mnats == 0.0:
-            # Worth saying, though it proves nothing against the oracle: the engine itself
-            # scores both tokens the same here, so its own tie-break rule picked between them.
-            reason += (
-                "; the new run's own logprobs hold both tokens at an exact tie (its own tie-break, "
-                "which the oracle cannot confirm here)"
-            )
-        return replace(base, cause=REAL_CHANGE, reason=reason, **kw)
+        return _noted(replace(base, cause=REAL_CHANGE, reason=reason, **kw))
 
     if oracle is None:
         return real("no oracle evidence: the pin has no record of this prompt")
@@ -474,28 +467,47 @@ def judge_move(
             )
         below = 1000.0 * (lps[o[position]] - old_lp)
         return real(
-            f"the oracle holds {old} and {new} at an exact tie, but {below:.1f} mnats below its own choice "
+            f"the oracle holds {old} and {new} at an exact tie, but {_mnats(below)} mnats below its own choice "
             f"{o[position]}: both are defects against the oracle",
             tie_break=tie_break,
             **ctx,
         )
     if both_ratified:
-        return replace(
-            base,
-            cause=NEAR_TIE_FLIP,
-            reason=(
-                f"the oracle holds {old} and {new} {abs(gap):.1f} mnats apart, both within the doctrine's near-tie "
-                f"threshold of its choice {o[position]}"
-            ),
-            **ctx,
+        return _noted(
+            replace(
+                base,
+                cause=NEAR_TIE_FLIP,
+                reason=(
+                    f"the oracle holds {old} and {new} {_mnats(abs(gap))} mnats apart, both within the doctrine's "
+                    f"near-tie threshold of its choice {o[position]}"
+                ),
+                **ctx,
+            )
         )
     worst = old if old_cls not in _RATIFIED else new
     below = 1000.0 * (lps[o[position]] - lps[worst])
     return real(
-        f"the oracle rates {'the old' if worst == old else 'the new'} token {worst} {below:.1f} mnats below its "
+        f"the oracle rates {'the old' if worst == old else 'the new'} token {worst} {_mnats(below)} mnats below its "
         f"choice {o[position]}, beyond the doctrine's near-tie threshold",
         **ctx,
     )
+
+
+def _noted(move: GoldenMove) -> GoldenMove:
+    """A move the oracle does not call a tie-break, where the new run's own logprobs hold the
+    old and new token at an exact tie: worth saying (the engine's own tie-break picked
+    between them), though it is no evidence against the oracle."""
+    if move.candidate_gap_mnats != 0.0:
+        return move
+    note = "; the new run's own logprobs hold both tokens at an exact tie (its own tie-break, not the oracle's)"
+    return replace(move, reason=move.reason + note)
+
+
+def _mnats(x: float) -> str:
+    """A gap in a reason: short when that is exact (`250`, `93.75`), else every digit, so a
+    gap of 125.00000476837158 never reads as the 125 threshold it is judged to exceed."""
+    short = f"{x:.3f}".rstrip("0").rstrip(".")
+    return short if float(short) == x else repr(x)
 
 
 def _class_against_oracle(oracle: PromptRecord, position: int, token: int | None, doctrine: Doctrine) -> str | None:

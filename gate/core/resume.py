@@ -92,12 +92,18 @@ class ProgressLog:
 
     @classmethod
     def start(cls, path: Path, header: TraceHeader) -> ProgressLog:
-        """A new progress file (replacing an old one) holding only `header`."""
+        """A new progress file (replacing an old one) holding only `header`.
+
+        The old file is unlinked, never truncated: a run still writing it (two runs of one
+        model and engine in one folder) goes on writing its own, now nameless, file and
+        cannot interleave records with this one."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(path, "wb")  # noqa: SIM115  # closed by close()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            fh = open(path, "xb")  # noqa: SIM115  # closed by close()
         except OSError as exc:
-            raise InputError(f"progress file {path}: cannot write there: {exc.strerror}") from None
+            raise InputError(f"progress file {path}: cannot write there: {exc.strerror or exc}") from None
         log = cls(path, fh)
         log._write(encode_header(header))
         return log
@@ -145,9 +151,11 @@ class ProgressLog:
         self._fh.close()
 
     def remove(self) -> None:
+        """Close and delete the file, unless another run has since put its own in its place."""
+        with contextlib.suppress(OSError, ValueError):  # ValueError: already closed
+            if os.path.samestat(os.fstat(self._fh.fileno()), os.stat(self.path)):
+                self.path.unlink()
         self.close()
-        with contextlib.suppress(OSError):
-            self.path.unlink()
 
 
 # --------------------------------------------------------------------------- running
@@ -171,6 +179,9 @@ class RunPlan:
     resume: bool = False
     timeout: float | None = None
     repeat: int = 1
+    # A default progress path (nobody asked for one): where it cannot be written, the run
+    # goes on without one, as a run in a read-only folder did before progress files.
+    progress_optional: bool = False
 
 
 def _free_run(
@@ -274,7 +285,12 @@ def gate_run(
             records = list(done)
             notes.append(f"resuming {plan.progress_path}: {len(records)} of {len(prompts)} prompts already done")
         else:
-            log = ProgressLog.start(plan.progress_path, progress_header)
+            try:
+                log = ProgressLog.start(plan.progress_path, progress_header)
+            except InputError as exc:
+                if not plan.progress_optional:
+                    raise
+                notes.append(f"running without a progress file (--resume will not be possible): {exc}")
     done_ids = {r.id for r in records}
     todo = [p for p in prompts if p.id not in done_ids]
 
