@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -12,13 +14,13 @@ from hypothesis import strategies as st
 from gate.core.suite import Suite, SuitePrompt, parse_suite, read_suite
 from gate.errors import InputError
 
-GOOD = [
+GOOD: list[dict[str, Any]] = [
     {"id": "code", "text": "import numpy as np", "max_tokens": 32},
     {"id": "chat", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]},
 ]
 
 
-def _jsonl(rows: list[object]) -> bytes:
+def _jsonl(rows: Sequence[object]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
@@ -31,7 +33,7 @@ def test_reads_text_and_chat_prompts(tmp_path: Path) -> None:
     assert (code.text, code.max_tokens, code.line) == ("import numpy as np", 32, 1)
     assert chat.messages == (("system", "Be brief."), ("user", "2+2?"))
     assert chat.max_tokens is None and chat.is_chat and chat.display == "2+2?"
-    assert chat.messages_dicts() == GOOD[1]["messages"]  # type: ignore[index]
+    assert chat.messages_dicts() == GOOD[1]["messages"]
 
 
 def test_resolved_fills_max_tokens_and_override_wins() -> None:

@@ -464,6 +464,7 @@ def gate_trace_against_pin(
 
 def run_meta(pin: Pin, info: Mapping[str, Any], timings: Timings, forced: Sequence[str]) -> dict[str, Any]:
     return {
+        "command": "gate run",
         "pin": str(pin.folder.pin_path),
         "pin_created_at": pin.provenance("created_at"),
         "oracle": {k: pin.trace.header.engine.get(k) for k in ("name", "version")},
