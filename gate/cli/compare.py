@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         oracle: Annotated[Path, typer.Argument(help="Oracle trace (JSON Lines, format v1).")],
         candidate: Annotated[Path, typer.Argument(help="Candidate trace (JSON Lines, format v1).")],
         near_tie_mnats: Annotated[
-            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats (default: 125,).")
+            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats (default: 125).")
         ] = None,
         near_tie_ulps: Annotated[
             float | None,
