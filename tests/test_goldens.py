@@ -498,6 +498,16 @@ def test_check_names_changed_engine_options(toy: dict[str, Any], monkeypatch: py
     assert "engine options changed since the golden: tie_break 'highest' → 'lowest'" in text
 
 
+def test_a_re_recorded_pin_is_noted_and_used(toy: dict[str, Any]) -> None:
+    assert goldens(toy, "record").exit_code == 0
+    r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(toy["pins"]), "--force"])
+    assert r.exit_code == 0, r.output
+    r = goldens(toy, "check", "--format", "json")
+    assert r.exit_code == 0, r.output
+    notes = report(r)["notes"]
+    assert len(notes) == 1 and "the pin has changed since the golden was recorded" in notes[0]
+
+
 def test_step_summary_gets_the_markdown_report(toy: dict[str, Any], tmp_path: Path) -> None:
     assert goldens(toy, "record").exit_code == 0
     summary = tmp_path / "summary.md"
