@@ -243,7 +243,7 @@ def gate_run(
     timings: Timings | None = None,
     notes: list[str] | None = None,
 ) -> RunOutcome:
-    """`gate_against_pin` with a progress file, resume, shard, watchdog and repeats.
+    """The whole gate for a loaded engine, with a progress file, resume, shard, watchdog and repeats.
 
     Ctrl-C during the free run raises RunInterrupted carrying the report of the prompts
     done so far (not teacher-forced: their later positions count as unadjudicated)."""

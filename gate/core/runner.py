@@ -416,29 +416,15 @@ def gate_against_pin(
     *,
     progress: Progress | None = None,
     timings: Timings | None = None,
-    batch_size: int | None = None,
-    check_hashes: bool = True,
 ) -> RunOutcome:
-    """The whole gate for a loaded engine: checks, free run, forced decode, adjudication."""
-    timings = timings or Timings()
-    with _timed(timings, "check_s"):
-        info = dict(engine_call(engine, "info", engine.info))
-        # The hashes go into the candidate trace's header too, so a saved trace carries them.
-        info.update(model_hashes(info))
-        if check_hashes:
-            check_provenance(pin, info, where=f"engine {engine.name!r}")
-        check_prompt_ids(engine, pin)
-    with _timed(timings, "candidate_s"):
-        candidate = run_candidate(engine, pin, progress=progress, batch_size=batch_size, info=info)
-    with _timed(timings, "force_s"):
-        candidate, forced = force_diverged(engine, pin, candidate, progress=progress)
-    with _timed(timings, "adjudicate_s"):
-        result = compare(pin.trace, candidate, doctrine)
-        result = add_token_texts(
-            result, lambda ids: engine_call(engine, "decode_tokens", partial(engine.decode_tokens, ids))
-        )
-    meta = run_meta(pin, info, timings, forced)
-    return RunOutcome(result=_with_meta(result, meta), candidate=candidate, timings=timings, forced_prompts=forced)
+    """The whole gate for a loaded engine: checks, free run, forced decode, adjudication.
+
+    This is `gate.core.resume.gate_run` with a plain plan: no progress file, shard,
+    watchdog or repeats.
+    """
+    from gate.core.resume import RunPlan, gate_run  # resume builds on this module
+
+    return gate_run(engine, pin, doctrine, RunPlan(), progress=progress, timings=timings)
 
 
 def gate_trace_against_pin(
