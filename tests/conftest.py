@@ -6,6 +6,7 @@ temporary folder, from a config (tests/tiny_models.py); nothing is downloaded.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,10 @@ def qwen3_5_moe_path(tiny_models_dir: Path) -> Path:
     from tiny_models import build_tiny_qwen3_5_moe
 
     return build_tiny_qwen3_5_moe(tiny_models_dir / "qwen3.5-moe", lm_head_scale=20.0, tie_bias=0.8)
+
+
+@pytest.fixture(autouse=True)
+def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Progress files of `gate run` go to a temp folder, never into the checkout."""
+    if "GATE_RUNS_DIR" not in os.environ:
+        monkeypatch.setenv("GATE_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
