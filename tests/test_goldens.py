@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,7 +43,7 @@ from gate.core.goldens import (
     judge_move,
 )
 from gate.core.pins import Pin, exact_top2_ties, load_pin
-from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace
+from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
 from gate.errors import InputError
 
 PROMPT = (11, 12, 13)
@@ -500,8 +501,10 @@ def test_check_names_changed_engine_options(toy: dict[str, Any], monkeypatch: py
 
 def test_a_re_recorded_pin_is_noted_and_used(toy: dict[str, Any]) -> None:
     assert goldens(toy, "record").exit_code == 0
-    r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(toy["pins"]), "--force"])
-    assert r.exit_code == 0, r.output
+    pin_file = toy["pins"] / "toy" / "model" / "pin.jsonl"
+    pin = read_trace(pin_file)
+    later = replace(pin.header, extra={**pin.header.extra, "created_at": "2099-01-01T00:00:00Z"})
+    write_trace(pin_file, replace(pin, header=later), overwrite=True)  # re-recorded: same prompts, new file
     r = goldens(toy, "check", "--format", "json")
     assert r.exit_code == 0, r.output
     notes = report(r)["notes"]
@@ -721,8 +724,10 @@ def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_
     pytest.importorskip("transformers")
     committed = read_trace(REPO / "goldens" / DEFAULT / "hf.jsonl", role="candidate")
     head = committed.header
-    pin_file = REPO / "oracle_pins" / DEFAULT / "pin.jsonl"
-    assert head.extra["pin"]["sha256"] == hashlib.sha256(pin_file.read_bytes()).hexdigest()
+    # Taken against the committed pin's prompts (a pin re-recorded since is only a note).
+    pin = load_pin(DEFAULT, REPO / "oracle_pins")
+    assert head.extra["pin"]["path"] == f"oracle_pins/{DEFAULT}/pin.jsonl"
+    assert head.extra["pin"]["suite_sha256"] == pin.suite.sha256
     assert head.engine["name"] == "hf" and head.engine.get("tie_break") == "lowest"
     assert head.extra["engine_options"] == {}
 
@@ -733,7 +738,6 @@ def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_
     r = invoke(["goldens", "check", "--engine-opt", "tie_break=highest", "--format", "json"])
     assert r.exit_code == 1, r.output
     rep = report(r)
-    pin = load_pin(DEFAULT, REPO / "oracle_pins")
     ties = {(t.prompt_id, t.position): (t.chosen, t.other) for t in exact_top2_ties(pin.trace)}
     assert rep["counts"]["tie_breaks"] > 0, rep["summary"]
     for m in rep["moves"]:

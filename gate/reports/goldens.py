@@ -101,7 +101,9 @@ def goldens_parts(result: GoldensResult, *, max_reasons: int = MAX_REASONS) -> l
         parts.append(moves_table(result))
         reasons = Text()
         for m in result.moves[:max_reasons]:
-            reasons.append(f"{m.prompt_id} @ {m.position}: ", style="bold")
+            reasons.append(f"{m.prompt_id} @ {m.position}", style="bold")
+            span = max(m.golden_length, m.candidate_length)
+            reasons.append(f" ({m.moved_positions}/{span} positions moved): ")
             reasons.append(m.label, style=CAUSE_STYLES[m.cause])
             reasons.append(f": {m.reason}\n")
         if len(result.moves) > max_reasons:
@@ -116,28 +118,50 @@ def goldens_parts(result: GoldensResult, *, max_reasons: int = MAX_REASONS) -> l
     return parts
 
 
+def gap_text(x: float | None) -> str:
+    """A gap in mnats as short as it stays exact (`0.0`, `93.75`), else to 4 decimals, so
+    125.0001 (a real change) never shows as the 125.0 of a near-tie flip."""
+    if x is None:
+        return "—"
+    for digits in (1, 2):
+        text = f"{x:.{digits}f}"
+        if float(text) == x:
+            return text
+    return f"{x:.4f}"
+
+
+def oracle_took(m: GoldenMove) -> str:
+    """Which of the two the oracle took there: `old`, `new`, another token, or `—` (no evidence)."""
+    if not m.shares_oracle_context or m.oracle_token is None:
+        return "—"
+    if m.oracle_token == m.old_token:
+        return "old"
+    if m.oracle_token == m.new_token:
+        return "new"
+    return token_label(m.oracle_token, m.oracle_text)
+
+
 def moves_table(result: GoldensResult) -> Table:
     table = Table(title="Moved goldens", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("prompt", overflow="fold")
+    table.add_column("prompt", overflow="fold", max_width=16)
     table.add_column("pos", justify="right")
-    table.add_column("old", overflow="fold")
-    table.add_column("new", overflow="fold")
+    table.add_column("old → new", overflow="fold", min_width=24)
     table.add_column("oracle", overflow="fold")
     table.add_column("old − new", justify="right")
-    table.add_column("cause", no_wrap=True)
-    table.add_column("moved", justify="right")
+    table.add_column("cause", no_wrap=True, min_width=25)
     for m in result.moves:
         table.add_row(
             m.prompt_id,
             str(m.position),
-            old_label(m),
-            new_label(m),
-            token_label(m.oracle_token, m.oracle_text) if m.shares_oracle_context else "— (left its path)",
-            "—" if m.gap_mnats is None else f"{fmt_mnats(m.gap_mnats)} mnats",
+            f"{old_label(m)} → {new_label(m)}",
+            oracle_took(m),
+            gap_text(m.gap_mnats),
             Text(m.label, style=CAUSE_STYLES[m.cause]),
-            f"{m.moved_positions}/{max(m.golden_length, m.candidate_length)}",
         )
-    table.caption = "old − new: the oracle's logprob of the old token minus the new's; moved: positions that differ"
+    table.caption = (
+        "old − new: the oracle's logprob of the old token minus the new's, in mnats; "
+        "oracle: which of the two the oracle took (—: the golden had left the oracle's path)"
+    )
     table.caption_justify = "left"
     return table
 
@@ -184,7 +208,7 @@ def render_goldens_markdown(result: GoldensResult) -> str:
                 f"| {cell(m.prompt_id)} | {m.position} | {cell(old_label(m))} | {cell(new_label(m))} "
                 f"| {CAUSE_ICONS[m.cause]} {cell(CAUSE_LABELS[m.cause])} | {cell(oracle)} "
                 f"| {cell(fmt_logprob(m.old_logprob))} | {cell(fmt_logprob(m.new_logprob))} "
-                f"| {cell(fmt_mnats(m.gap_mnats))} | {cell(m.reason)} |"
+                f"| {cell(gap_text(m.gap_mnats))} | {cell(m.reason)} |"
             )
         if any(m.cause == TIE_BREAK for m in result.moves):
             lines += ["", f"Exact ties: the choice is the engine's tie-break rule; {TIE_BREAK_RULE}."]
