@@ -478,7 +478,7 @@ class OpenAIEngine:
             prompt_id,
             f"logprobs.{fld} is {_quote(repr(value), 60)}, not 'token_id:N': the server does not honour "
             "return_tokens_as_token_ids, and tokens keyed by decoded text collide for distinct ids, so gate "
-            "cannot recover token ids from this server (vLLM supports the flag; see the README, 'Gating your own engine')",
+            "cannot recover token ids from this server (vLLM supports the flag; see the README)",
         )
 
     def _sorted_pairs(
