@@ -71,3 +71,13 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     """Progress files of `gate run` go to a temp folder, never into the checkout."""
     if "GATE_RUNS_DIR" not in os.environ:
         monkeypatch.setenv("GATE_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
+
+
+@pytest.fixture
+def pins(tmp_path: Path) -> Path:
+    """A folder of pins holding the toy pin (tests/gate_cli.py) for the fake engine."""
+    from gate_cli import record_toy_pin
+
+    root = tmp_path / "pins"
+    record_toy_pin(root)
+    return root

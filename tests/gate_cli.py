@@ -87,3 +87,8 @@ def record_toy_pin(root: Path, model: str = TOY_MODEL, **kwargs: Any) -> Path:
     r = invoke(["pin", "record", "--model", model, "--pins-dir", str(root)])
     assert r.exit_code == 0, r.output
     return folder
+
+
+def run_fake(pins: Path, *args: str) -> Result:
+    """`gate run` of the fake engine against the toy pin in `pins`, JSON report on stdout."""
+    return invoke(["run", "--model", TOY_MODEL, "--pins-dir", str(pins), "--engine", "fake", "--format", "json", *args])

@@ -10,10 +10,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from gate_cli import record_toy_pin, register_fake, run_fake
 
 from gate.core.faults import EngineTimeout, call_with_timeout
 
@@ -29,15 +28,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     FakeEngine.release.set()  # end any hang the test left in a thread
 
 
-@pytest.fixture
-def pins(tmp_path: Path) -> Path:
-    root = tmp_path / "pins"
-    record_toy_pin(root)
-    return root
-
-
-def run(pins: Path, *args: str) -> Any:
-    return invoke(["run", "--model", TOY_MODEL, "--pins-dir", str(pins), "--engine", "fake", "--format", "json", *args])
+run = run_fake
 
 
 # (engine options, exit code, what stderr must say)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from gate_cli import register_fake, run_fake
 
 from gate.core.resume import nondeterminism
 from gate.core.trace import PromptRecord
@@ -20,15 +19,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GATE_RUNS_DIR", str(tmp_path / "runs"))
 
 
-@pytest.fixture
-def pins(tmp_path: Path) -> Path:
-    root = tmp_path / "pins"
-    record_toy_pin(root)
-    return root
-
-
-def run(pins: Path, *args: str) -> Any:
-    return invoke(["run", "--model", TOY_MODEL, "--pins-dir", str(pins), "--engine", "fake", "--format", "json", *args])
+run = run_fake
 
 
 def test_a_deterministic_engine_passes_every_repeat(pins: Path) -> None:

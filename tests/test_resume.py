@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from gate_cli import TOY_MODEL, register_fake, run_fake
 
 from gate.core.resume import default_progress_path
 from gate.core.trace import read_trace
@@ -37,15 +37,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("GATE_FAKE_INTERRUPT_FORCE", raising=False)
 
 
-@pytest.fixture
-def pins(tmp_path: Path) -> Path:
-    root = tmp_path / "pins"
-    record_toy_pin(root)
-    return root
-
-
-def run(pins: Path, *args: str) -> Any:
-    return invoke(["run", "--model", TOY_MODEL, "--pins-dir", str(pins), "--engine", "fake", "--format", "json", *args])
+run = run_fake
 
 
 def stable(report: dict[str, Any]) -> dict[str, Any]:
