@@ -64,7 +64,8 @@ def test_seed_json_report() -> None:
     r = invoke(["compare", *SEED, "--format", "json"])
     assert r.exit_code == 0, r.output
     report = orjson.loads(r.stdout)
-    assert r.stderr.strip() == SEED_SUMMARY  # stdout stays pure JSON
+    assert r.stderr == ""  # nothing beside the JSON: `2>&1 | jq` must parse
+    assert report["summary"] == SEED_SUMMARY
     assert report["gate_report"] == 1
     assert report["verdict"] == "ratified_pass" and report["exit_code"] == 0
     assert report["doctrine"] == {"near_tie_mnats": 125.0, "strict": False}

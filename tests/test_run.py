@@ -60,7 +60,7 @@ def test_the_oracles_own_engine_passes_strict(pins: Path) -> None:
     rep = report(r)
     assert rep["verdict"] == "strict_pass"
     assert rep["counts"]["positions_matched"] == rep["counts"]["positions"] == 72
-    assert "6/6 prompts strict 12/12, 72/72 positions" in r.stderr
+    assert "6/6 prompts strict 12/12, 72/72 positions" in rep["summary"]
     # Nothing diverged, so nothing was forced; the engine was closed.
     assert not [c for c in FakeEngine.history if c[0] == "force"]
     assert FakeEngine.history[-1] == ("close", None)

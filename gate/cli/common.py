@@ -41,8 +41,9 @@ def check_format(fmt: str | None) -> str:
 def emit_report(result: GateResult, fmt: str, output: Path | None, *, force: bool = False) -> None:
     """Render `result`; write it to `output` atomically or print it to stdout.
 
-    The summary line always goes to stderr when the report goes elsewhere, so a person
-    watching a CI log sees the verdict and piped JSON stays clean.
+    When the report goes to a file, the summary line goes to stderr so a person watching
+    a CI log still sees the verdict. A report on stdout is the only output on success: it
+    carries the summary itself, and `gate compare ... --format json 2>&1 | jq` must parse.
     """
     from gate.reports import render
 
@@ -61,8 +62,6 @@ def emit_report(result: GateResult, fmt: str, output: Path | None, *, force: boo
             if not text.endswith("\n"):
                 sys.stdout.write("\n")
             sys.stdout.flush()
-            if fmt != "rich":
-                print(result.summary, file=sys.stderr)
     _append_step_summary(result)
 
 
