@@ -48,6 +48,25 @@ def decode_each(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([int(t)]) for t in ids]
 
 
+class TokenizerMethods:
+    """`encode` and `decode_tokens` of the engine contract for an engine that holds a
+    transformers tokenizer in `self.tokenizer` (None when it has none)."""
+
+    tokenizer: Any
+
+    def encode(
+        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+    ) -> tuple[int, ...] | None:
+        if self.tokenizer is None:
+            return None
+        return encode_prompt(self.tokenizer, text, messages)
+
+    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
+        if self.tokenizer is None:
+            return None
+        return decode_each(self.tokenizer, ids)
+
+
 def stop_token_ids(tokenizer: Any | None, generation_config: Any | None) -> frozenset[int]:
     """The ids that end generation: the generation config's eos ids and the tokenizer's eos,
     the union vLLM stops on (`SamplingParams` adds the generation config's to the tokenizer's)."""

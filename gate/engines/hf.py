@@ -33,10 +33,9 @@ import torch
 from gate.core.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
+    TokenizerMethods,
     check_forced_ids,
     check_prompt_ids,
-    decode_each,
-    encode_prompt,
     host_platform,
     sort_top,
 )
@@ -79,7 +78,7 @@ class StepResult:
     top: Pairs | None
 
 
-class HFEngine:
+class HFEngine(TokenizerMethods):
     """Greedy decoding of a transformers causal LM; see the module doc for the options."""
 
     name = "hf"
@@ -177,18 +176,6 @@ class HFEngine:
             mode="decode",
             extra={"token_logits": logits_out},
         )
-
-    def encode(
-        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
-    ) -> tuple[int, ...] | None:
-        if self.tokenizer is None:
-            return None
-        return encode_prompt(self.tokenizer, text, messages)
-
-    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
-        if self.tokenizer is None:
-            return None
-        return decode_each(self.tokenizer, ids)
 
     def close(self) -> None:
         self.model = None

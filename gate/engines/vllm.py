@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 # vLLM configures its logging when first imported and logs to stdout by default, which
@@ -59,10 +59,9 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 from gate.core.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
+    TokenizerMethods,
     check_forced_ids,
     check_prompt_ids,
-    decode_each,
-    encode_prompt,
     host_platform,
     sort_top,
 )
@@ -132,7 +131,7 @@ class ForcedTokensProcessor(LogitsProcessor):
         return logits
 
 
-class VLLMEngine:
+class VLLMEngine(TokenizerMethods):
     """Greedy generation with `vllm.LLM`; see the module doc."""
 
     name = "vllm"
@@ -292,18 +291,6 @@ class VLLMEngine:
     def force_prefill(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
         """`force` in prefill mode whatever `force_mode` says (it needs no logits processor)."""
         return self._force(prompt_token_ids, token_ids, top_k, "prefill")
-
-    def encode(
-        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
-    ) -> tuple[int, ...] | None:
-        if self.tokenizer is None:
-            return None
-        return encode_prompt(self.tokenizer, text, messages)
-
-    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
-        if self.tokenizer is None:
-            return None
-        return decode_each(self.tokenizer, ids)
 
     # ------------------------------------------------------------------ internals
 
