@@ -53,7 +53,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from gate.engines.base import PromptInput
+    from gate.core.engine import PromptInput
     from gate.engines.hf import HFEngine
     from gate.models.default import DEFAULT_MODEL
 

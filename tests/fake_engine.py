@@ -46,8 +46,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.trace import PromptRecord
-from gate.engines.base import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 
 VOCAB = 40
 BOS = 1

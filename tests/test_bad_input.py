@@ -22,9 +22,9 @@ import orjson
 import pytest
 
 from gate.cli.main import main
+from gate.core.engine import parse_options
 from gate.core.trace import MAX_LINE_BYTES, read_trace
 from gate.engines import registry
-from gate.engines.base import parse_options
 from gate.errors import InputError, TraceError
 
 Lines = list[dict[str, Any]]

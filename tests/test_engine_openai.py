@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from gate.cli.main import app
 from gate.core.adjudicate import compare
+from gate.core.engine import Engine, ForcedDecode, PromptInput
 from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
-from gate.engines.base import Engine, ForcedDecode, PromptInput
 from gate.engines.openai import ForcedDecodeUnavailable, OpenAIEngine
 from gate.engines.registry import load_engine
 from gate.errors import EngineError, InputError

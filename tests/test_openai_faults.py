@@ -17,7 +17,7 @@ from gate_cli import invoke
 from typer.testing import Result
 from vllm_server import free_port
 
-from gate.engines.base import PromptInput
+from gate.core.engine import PromptInput
 from gate.engines.openai import ForcedDecodeUnavailable, OpenAIEngine
 from gate.errors import EngineError, InputError
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from gate_cli import register_fake, run_fake
 
-from gate.core.resume import nondeterminism
 from gate.core.trace import PromptRecord
+from gate.workflows.run import nondeterminism
 
 
 @pytest.fixture(autouse=True)

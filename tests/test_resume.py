@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from gate_cli import TOY_MODEL, register_fake, run_fake
 
-from gate.core.resume import default_progress_path
 from gate.core.trace import read_trace
+from gate.workflows.progress import default_progress_path
 
 # A mutation with exact ties everywhere a quarter of positions tie: the report has
 # free-run and forced divergences, so "equal reports" compares something.

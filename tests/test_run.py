@@ -17,7 +17,8 @@ from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
 from gate.core.doctrine import Doctrine
 from gate.core.pins import exact_top2_ties, load_pin
-from gate.core.runner import (
+from gate.core.trace import read_trace
+from gate.workflows.run import (
     Timings,
     add_token_texts,
     batch_size_for,
@@ -26,7 +27,6 @@ from gate.core.runner import (
     gate_against_pin,
     run_candidate,
 )
-from gate.core.trace import read_trace
 
 
 @pytest.fixture(autouse=True)
@@ -266,7 +266,7 @@ def test_candidate_trace_missing_a_prompt_is_an_input_error(pins: Path, tmp_path
 def test_export_prompts_then_an_external_engine_writes_its_own_trace(pins: Path, tmp_path: Path) -> None:
     from fake_engine import FakeEngine
 
-    from gate.engines.base import PromptInput
+    from gate.core.engine import PromptInput
 
     out = tmp_path / "prompts.jsonl"
     r = invoke(["export-prompts", "--model", TOY_MODEL, "--pins-dir", str(pins), "-o", str(out)])
@@ -414,9 +414,9 @@ def test_a_bad_threshold_fails_before_the_engine_loads(pins: Path) -> None:
 
 
 def test_model_hashes_from_info_manifest_or_a_small_folder(tmp_path: Path) -> None:
-    from gate.core.runner import model_hashes
     from gate.models.default import MANIFEST
     from gate.models.hashing import tokenizer_sha256, weights_sha256
+    from gate.workflows.provenance import model_hashes
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -35,9 +35,9 @@ def build_tiny_pin(root: Path) -> tuple[Path, Path]:
     from tiny_models import build_tiny_llama
 
     from gate.core.pins import OracleSettings, PinFolder, write_pin
-    from gate.core.runner import record_oracle
     from gate.core.suite import Suite, SuitePrompt
     from gate.engines.hf import HFEngine
+    from gate.workflows.pin_record import record_oracle
 
     weights = build_tiny_llama(root / "weights", seed=1, lm_head_scale=20.0)
     pins = root / "pins"

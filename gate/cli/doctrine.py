@@ -70,17 +70,14 @@ def run_candidate_for_calibration(
 ) -> Trace:
     """The candidate's trace over the pin: free run with top-k logprobs, forced where it diverged."""
     from gate.cli.run import ProgressBar, _progress_bar
-    from gate.core.doctrine import Doctrine
-    from gate.core.runner import gate_against_pin
     from gate.engines.registry import load_engine
+    from gate.workflows.calibrate import candidate_trace
 
-    engine = load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
-    try:
-        with _progress_bar() as bar:
-            outcome = gate_against_pin(engine, pin, Doctrine(), progress=ProgressBar(bar))
-    finally:
-        engine.close()
-    return outcome.candidate
+    weights = str(model_path) if model_path is not None else pin.model
+    with _progress_bar() as bar:
+        return candidate_trace(
+            pin, lambda: load_engine(engine_name, weights, opts), engine_name, progress=ProgressBar(bar)
+        )
 
 
 def calibrate_command(
@@ -149,9 +146,10 @@ def selftest_command(
     from gate.cli.common import parse_engine_opts, stderr_console
     from gate.cli.run import ProgressBar, _progress_bar
     from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
-    from gate.core.selftest import SELFTEST_NEAR_TIE_ULPS, run_selftest
+    from gate.core.selftest import SELFTEST_NEAR_TIE_ULPS
     from gate.engines.mutants import baseline_loader, mutations
     from gate.reports.selftest import render_selftest_json, render_selftest_text, selftest_renderable
+    from gate.workflows.selftest import run_selftest
 
     fmt = _check_format(fmt)
     _refuse_clobber(output, force)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from gate.core.engine import Engine
     from gate.core.goldens import GoldensResult
     from gate.core.pins import Pin
-    from gate.engines.base import Engine
 
 GOLDEN_FORMATS = ("rich", "json", "markdown")
 
@@ -58,12 +58,12 @@ def record_goldens(
         find_moves,
         goldens_summary,
         path_for_writing,
-        record_golden,
     )
     from gate.core.pins import load_pin
-    from gate.core.runner import engine_call
     from gate.core.trace import read_trace
     from gate.errors import InputError
+    from gate.workflows.engine_calls import engine_call
+    from gate.workflows.goldens import record_golden
 
     opts = parse_engine_opts(engine_opts)
     engine_name = engine or DEFAULT_ENGINE
@@ -148,16 +148,16 @@ def check_goldens(
     from gate.core.goldens import (
         DEFAULT_ENGINE,
         accepted_golden,
-        check_golden,
         check_golden_against_pin,
         display_path,
         encode_golden,
         find_golden,
     )
     from gate.core.pins import load_pin
-    from gate.core.runner import engine_call
     from gate.core.trace import read_trace
     from gate.errors import GateError, InputError
+    from gate.workflows.engine_calls import engine_call
+    from gate.workflows.goldens import check_golden
 
     if fmt not in GOLDEN_FORMATS:
         raise InputError(f"--format {fmt!r}: expected one of {', '.join(GOLDEN_FORMATS)}")

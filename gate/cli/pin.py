@@ -1,7 +1,7 @@
 """`gate pin record`: run the vLLM oracle over a prompt suite and write the pin;
 `gate pin show`: a pin's provenance and its exact top-2 ties.
 
-The recording itself is `gate.core.runner.record_oracle`; the folder's files are written by
+The recording itself is `gate.workflows.pin_record.record_oracle`; the folder's files are written by
 `gate.core.pins.write_pin`. This module parses options and prints.
 """
 
@@ -34,11 +34,12 @@ def record_pin(
         read_settings,
         write_pin,
     )
-    from gate.core.runner import engine_call, record_oracle
     from gate.core.suite import read_suite
     from gate.core.trace import read_trace
     from gate.engines.registry import load_engine
     from gate.errors import InputError, PinError
+    from gate.workflows.engine_calls import engine_call
+    from gate.workflows.pin_record import record_oracle
 
     folder = folder_for_writing(model, pins_dir)
     # Everything that can be refused is refused before the oracle loads (minutes on a GPU).

@@ -1,7 +1,7 @@
 """`gate run`: gate a candidate engine (or a trace it wrote) against the pinned oracle;
 `gate export-prompts`: the pinned prompt token ids, for an engine that writes its own trace.
 
-The work happens in `gate.core.runner`; this module parses options, draws the progress
+The work happens in `gate.workflows.run`; this module parses options, draws the progress
 bar on stderr and prints the report.
 """
 
@@ -19,8 +19,7 @@ if TYPE_CHECKING:
 
     from gate.core.doctrine import Doctrine
     from gate.core.pins import Pin
-    from gate.core.resume import RunPlan
-    from gate.core.runner import RunOutcome, Timings
+    from gate.workflows.run import RunOutcome, RunPlan, Timings
 
 
 class ProgressBar:
@@ -86,9 +85,9 @@ def run_gate(
     from gate.cli.common import check_format, emit_report, parse_engine_opts
     from gate.core.doctrine import Doctrine
     from gate.core.pins import load_pin
-    from gate.core.runner import Timings, doctrine_for, gate_trace_against_pin
     from gate.core.trace import read_trace, write_trace
     from gate.errors import InputError
+    from gate.workflows.run import Timings, doctrine_for, gate_trace_against_pin
 
     fmt = check_format(fmt)
     opts = parse_engine_opts(engine_opts)
@@ -147,9 +146,10 @@ def _run_plan(
     repeat: int,
 ) -> RunPlan:
     """The options of a long run, checked before the engine loads."""
-    from gate.core.resume import PROGRESS_SUFFIX, RunPlan, default_progress_path
     from gate.core.shards import parse_shard
     from gate.errors import InputError
+    from gate.workflows.progress import PROGRESS_SUFFIX, default_progress_path
+    from gate.workflows.run import RunPlan
 
     kn = parse_shard(shard) if shard is not None else None
     if timeout is not None and not timeout > 0:
@@ -188,9 +188,9 @@ def _run_engine(
     fmt: str = "rich",
 ) -> RunOutcome:
     from gate.cli.common import emit_report
-    from gate.core.faults import EngineTimeout
-    from gate.core.resume import RunInterrupted, RunPlan, gate_run
     from gate.engines.registry import load_engine
+    from gate.workflows.guard import EngineTimeout
+    from gate.workflows.run import RunInterrupted, RunPlan, gate_run
 
     start = time.perf_counter()
     engine = load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
@@ -221,7 +221,7 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
 
     from gate.core.atomic import atomic_write
     from gate.core.pins import load_pin
-    from gate.core.runner import prompt_inputs
+    from gate.workflows.run import prompt_inputs
 
     pin = load_pin(model or default_model(), pins_dir)
     lines = b"".join(

@@ -17,8 +17,8 @@ the oracle's context there (its tokens before that position are the oracle's):
 - "real change": anything else, or no oracle evidence (the golden had already left the
   oracle's path, or a token is outside the oracle's top-k).
 
-Like `gate.core.runner`, these are plain functions over the engine contract: no printing,
-no torch.
+These are the golden files and the judging of moves: no engine, no printing, no torch;
+the runs are `gate.workflows.goldens`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +37,8 @@ from gate import __version__
 from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, classify
 from gate.core.doctrine import Doctrine
 from gate.core.pins import Pin, check_model_id
-from gate.core.runner import (
-    HASH_KEYS,
-    Progress,
-    check_prompt_ids,
-    check_provenance,
-    engine_call,
-    model_hashes,
-    run_candidate,
-)
 from gate.core.trace import PromptRecord, Trace, TraceHeader, encode_trace
-from gate.engines.base import Engine
-from gate.errors import InputError, PinError
+from gate.errors import InputError
 
 GOLDENS_DIRNAME = "goldens"
 ENV_GOLDENS_DIR = "GATE_GOLDENS_DIR"
@@ -268,26 +257,6 @@ def check_golden_against_pin(golden: Trace, pin: Pin) -> None:
                 f"{where}: prompt {rec.id!r}: its prompt token ids differ from the pin's ({pin.folder.pin_path}); "
                 "the pin was re-recorded with another tokenizer or template: re-record the golden "
                 "(gate goldens record --force)"
-            )
-
-
-def check_golden_provenance(golden: Trace, info: Mapping[str, Any], engine_name: str) -> None:
-    """The same engine, and the same weights and tokenizer where the golden and the engine
-    both report a hash; a difference is a provenance mismatch (exit 2), not a move."""
-    recorded = str(golden.header.engine.get("name", ""))
-    running = str(info.get("name", engine_name))
-    if recorded and recorded != running:
-        raise PinError(
-            f"{golden.path}: the golden was recorded by engine {recorded!r}, this run uses {running!r}: "
-            "goldens hold one engine's own outputs"
-        )
-    now = model_hashes(info)
-    for key in HASH_KEYS:
-        was = golden.header.extra.get(key)
-        if was and now.get(key) and was != now[key]:
-            what = key.removesuffix("_sha256")
-            raise PinError(
-                f"provenance mismatch: {golden.path} was recorded on {what} {was}, the engine now runs {now[key]}"
             )
 
 
@@ -671,130 +640,9 @@ def option_changes(golden_info: Mapping[str, Any], info: Mapping[str, Any]) -> d
     return {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
 
 
-def _engine_summary(info: Mapping[str, Any]) -> dict[str, Any]:
+def engine_summary(info: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("name", "version", "device", "dtype", "tie_break", "options")
     return {k: info[k] for k in keys if info.get(k) is not None}
-
-
-# --------------------------------------------------------------------------- running
-
-
-def _decode(engine: Engine, ids: Sequence[int]) -> list[str] | None:
-    texts = engine_call(engine, "decode_tokens", partial(engine.decode_tokens, list(ids)))
-    return list(texts) if texts is not None and len(texts) == len(ids) else None
-
-
-def golden_records(engine: Engine, run: Trace) -> tuple[PromptRecord, ...]:
-    """The golden's records of a free run, with the engine's token text where the run has none."""
-    return tuple(
-        golden_record(r, _decode(engine, r.token_ids) if r.tokens is None and r.token_ids else None)
-        for r in run.records
-    )
-
-
-def with_token_texts(engine: Engine, moves: Sequence[GoldenMove]) -> tuple[GoldenMove, ...]:
-    """Fill the text of the old, new and oracle tokens of each move where it is missing."""
-    wanted = sorted(
-        {
-            t
-            for m in moves
-            for t, text in ((m.old_token, m.old_text), (m.new_token, m.new_text), (m.oracle_token, m.oracle_text))
-            if t is not None and text is None
-        }
-    )
-    texts = _decode(engine, wanted) if wanted else None
-    if texts is None:
-        return tuple(moves)
-    text = dict(zip(wanted, texts, strict=True))
-
-    def fill(token: int | None, have: str | None) -> str | None:
-        return have if have is not None or token is None else text.get(token)
-
-    return tuple(
-        replace(
-            m,
-            old_text=fill(m.old_token, m.old_text),
-            new_text=fill(m.new_token, m.new_text),
-            oracle_text=fill(m.oracle_token, m.oracle_text),
-        )
-        for m in moves
-    )
-
-
-def record_golden(
-    engine: Engine,
-    pin: Pin,
-    *,
-    options: Mapping[str, str],
-    path: str = "<golden>",
-    progress: Progress | None = None,
-    check_hashes: bool = True,
-) -> Trace:
-    """Run the engine greedily over the pinned prompts and return the golden (not yet written)."""
-    info = engine_call(engine, "info", engine.info)
-    if check_hashes:
-        check_provenance(pin, info, where=f"engine {engine.name!r}")
-    check_prompt_ids(engine, pin)
-    run = run_candidate(engine, pin, progress=progress, info=info)
-    header = golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info))
-    return Trace(header=header, records=golden_records(engine, run), path=path)
-
-
-def check_golden(
-    engine: Engine,
-    pin: Pin,
-    golden: Trace,
-    doctrine: Doctrine,
-    *,
-    options: Mapping[str, str],
-    progress: Progress | None = None,
-    check_hashes: bool = True,
-) -> tuple[GoldensResult, Trace]:
-    """Re-run the engine over the pinned prompts and judge every golden that moved.
-
-    Returns the result and the fresh golden (what `--accept` writes)."""
-    check_golden_against_pin(golden, pin)
-    info = engine_call(engine, "info", engine.info)
-    check_golden_provenance(golden, info, engine.name)
-    if check_hashes:
-        check_provenance(pin, info, where=f"engine {engine.name!r}")
-    check_prompt_ids(engine, pin)
-    run = run_candidate(engine, pin, progress=progress, info=info)
-    moves = with_token_texts(engine, find_moves(golden, run, pin.trace, doctrine))
-    fresh = Trace(
-        header=golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info)),
-        records=golden_records(engine, run),
-        path=golden.path,
-    )
-    ref = pin_reference(pin)
-    recorded = golden.header.extra.get("pin")
-    notes = []
-    if isinstance(recorded, Mapping) and recorded.get("sha256") and recorded.get("sha256") != ref.get("sha256"):
-        notes.append(
-            f"the pin has changed since the golden was recorded (sha256 {str(recorded.get('sha256'))[:12]}... then, "
-            f"{str(ref.get('sha256'))[:12]}... now): causes are judged against the pin as it is now"
-        )
-    changes = option_changes(golden.header.engine, info)
-    result = GoldensResult(
-        model=pin.model,
-        engine=engine.name,
-        golden_path=golden.path,
-        prompts=len(golden.records),
-        positions=sum(len(r.token_ids) for r in golden.records),
-        moves=moves,
-        doctrine=doctrine,
-        golden_engine=_engine_summary(golden.header.engine),
-        candidate_engine=_engine_summary(info),
-        option_changes=changes,
-        pin={**ref, "recorded": dict(recorded) if isinstance(recorded, Mapping) else None},
-        golden_created_at=_str_or_none(golden.header.extra.get("created_at")),
-        notes=tuple(notes),
-    )
-    return result, fresh
-
-
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def accepted_golden(old: Trace, fresh: Trace, moves: Sequence[GoldenMove]) -> Trace:

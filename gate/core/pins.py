@@ -11,7 +11,7 @@ A pin folder is `oracle_pins/<org>/<model>/` and holds:
 
 A folder may hold a suite and settings but no `pin.jsonl` yet (a model too large to record
 here): `gate run` then says so and prints the command that records it. Nothing here runs
-an engine; `gate.core.runner` does.
+an engine; `gate.workflows.pin_record` does.
 """
 
 from __future__ import annotations

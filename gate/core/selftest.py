@@ -1,7 +1,8 @@
-"""Self-test by mutation: does the gate catch faults injected into an engine, and as what?
+"""Self-test by mutation, the records and the judging: does the gate catch faults
+injected into an engine, and as what?
 
-The orchestration only; the faults themselves live with the engines (`gate.engines.mutants`)
-and arrive here as `Mutation`s that build an engine. No torch here.
+The run is `gate.workflows.selftest`; the faults themselves live with the engines
+(`gate.engines.mutants`) and arrive as `Mutation`s that build an engine. No torch here.
 
 For a pin, the unmutated engine first records a *reference*: its own free run over the
 pinned prompts, taken as an oracle trace. Each mutated engine then runs the same prompts
@@ -20,19 +21,14 @@ gate must call it (`Expectation`); the self-test passes when every mutation meet
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, STRICT_PASS, GateResult, compare
+from gate.core.adjudicate import DEFECT, EXACT_TIE, STRICT_PASS, GateResult
 from gate.core.doctrine import Doctrine
-from gate.core.pins import Pin
-from gate.core.runner import Progress, engine_call, run_candidate
-from gate.core.trace import PromptRecord, Trace, TraceError, TraceHeader, check_top_logprobs
-from gate.engines.base import Engine
+from gate.core.engine import Engine
+from gate.core.trace import Trace, TraceError, TraceHeader, check_top_logprobs
 from gate.errors import EngineError
 
 SELFTEST_VERSION = 1
@@ -219,16 +215,6 @@ def reference_trace(candidate: Trace, *, name: str = "reference") -> Trace:
     return Trace(header=header, records=records, path=f"<{name}>")
 
 
-def exact_top2_ties(trace: Trace) -> int:
-    """Positions where the oracle's top two logprobs are equal bit for bit."""
-    return sum(
-        1
-        for rec in trace.records
-        for top in rec.top_logprobs or ()
-        if len(top) >= 2 and float(top[0][1]) == float(top[1][1])
-    )
-
-
 def changed_positions(reference: Trace, mutant: Trace) -> tuple[int, int]:
     """(prompts whose free run differs, positions whose forced choice differs) from the reference.
 
@@ -295,141 +281,3 @@ def judge(expect: str, changed: int, result: GateResult) -> tuple[str, bool, str
 
 def _classes(c: Mapping[str, int]) -> str:
     return f"{c['exact_ties']} exact ties, {c['near_ties']} near ties, {c['defects']} defects"
-
-
-# --------------------------------------------------------------------------- orchestration
-
-
-class _Quiet:
-    def phase(self, name: str, total: int) -> None:
-        pass
-
-    def advance(self, n: int = 1) -> None:
-        pass
-
-
-def force_along(
-    engine: Engine,
-    oracle: Trace,
-    free: Trace,
-    *,
-    known: Mapping[str, PromptRecord] | None = None,
-    progress: Progress | None = None,
-) -> Trace:
-    """`free` with `forced_token_ids` on every prompt whose free run left `oracle`'s tokens.
-
-    A forced decode depends only on the prompt and the tokens fed, so a record in `known`
-    that was forced along the very same tokens is reused instead of decoded again (the
-    mutant's run against the pin reuses its run against the reference wherever the
-    reference and the pin agree).
-    """
-    progress = progress or _Quiet()
-    name = getattr(engine, "name", "engine")
-    cand = free.by_id()
-    todo = [o for o in oracle.records if tuple(cand[o.id].token_ids[: len(o.token_ids)]) != tuple(o.token_ids)]
-    progress.phase("force", len(todo))
-    forced: dict[str, PromptRecord] = {}
-    for o in todo:
-        prior = (known or {}).get(o.id)
-        if prior is not None and prior.forced_token_ids is not None:
-            forced[o.id] = replace(cand[o.id], forced_token_ids=prior.forced_token_ids, extra=dict(prior.extra))
-            progress.advance()
-            continue
-        # Only the choices are needed: no top-k lists (top_k 0) saves a softmax per step.
-        fd = engine_call(engine, "force", partial(engine.force, o.prompt_token_ids, o.token_ids, 0))
-        if len(fd.token_ids) != len(o.token_ids):
-            raise EngineError(
-                f"engine {name!r}: force returned {len(fd.token_ids)} choices for {len(o.token_ids)} tokens "
-                f"(prompt {o.id!r})"
-            )
-        c = cand[o.id]
-        forced[o.id] = replace(
-            c, forced_token_ids=tuple(int(t) for t in fd.token_ids), extra={**c.extra, "forced_mode": fd.mode}
-        )
-        progress.advance()
-    return replace(free, records=tuple(forced.get(r.id, r) for r in free.records))
-
-
-def _same_tokens(reference: Trace, pin: Trace, forced: Trace) -> dict[str, PromptRecord]:
-    """The records of `forced` (forced along the reference) usable against the pin: those of
-    prompts where the reference and the pin have the same tokens."""
-    ref = reference.by_id()
-    done = forced.by_id()
-    return {r.id: done[r.id] for r in pin.records if r.id in ref and ref[r.id].token_ids == r.token_ids}
-
-
-@contextmanager
-def _engine(load: Callable[[], Engine], name: str) -> Iterator[Engine]:
-    engine = engine_call(name, "load", load)
-    try:
-        yield engine
-    finally:
-        engine_call(name, "close", engine.close)
-
-
-def run_selftest(
-    pin: Pin,
-    baseline: Callable[[], Engine],
-    mutations: Sequence[Mutation],
-    doctrine: Doctrine,
-    *,
-    progress: Progress | None = None,
-    on_mutant: Callable[[str], None] | None = None,
-) -> SelfTestResult:
-    """Run the unmutated engine, then every mutation, over `pin`'s prompts and judge them."""
-    start = time.perf_counter()
-    progress = progress or _Quiet()
-    announce = on_mutant or (lambda _name: None)
-
-    announce("reference")
-    with _engine(baseline, "baseline") as engine:
-        info = engine_call(engine, "info", engine.info)
-        base_free = run_candidate(engine, pin, progress=progress, info=info)
-        reference = reference_trace(base_free)
-        base_forced = force_along(engine, pin.trace, base_free, progress=progress)
-    baseline_vs_pin = compare(pin.trace, base_forced, doctrine)
-
-    outcomes: list[MutantOutcome] = []
-    for m in mutations:
-        announce(m.name)
-        t0 = time.perf_counter()
-        with _engine(m.load, m.name) as engine:
-            free = run_candidate(engine, pin, progress=progress)
-            vs_ref = force_along(engine, reference, free, progress=progress)
-            known = _same_tokens(reference, pin.trace, vs_ref)
-            vs_pin = force_along(engine, pin.trace, free, known=known, progress=progress)
-        r_ref = compare(reference, vs_ref, doctrine)
-        r_pin = compare(pin.trace, vs_pin, doctrine)
-        prompts, changed = changed_positions(reference, vs_ref)
-        status, met, why = judge(m.expect, changed, r_ref)
-        outcomes.append(
-            MutantOutcome(
-                name=m.name,
-                description=m.description,
-                expect=m.expect,
-                status=status,
-                met=met,
-                why=why,
-                changed_prompts=prompts,
-                changed_positions=changed,
-                reported_positions=reported_positions(r_ref),
-                against_reference=Verdict.of(r_ref),
-                against_pin=Verdict.of(r_pin),
-                seconds=time.perf_counter() - t0,
-                reference_result=r_ref,
-                pin_result=r_pin,
-                candidate=vs_ref,
-            )
-        )
-    return SelfTestResult(
-        model=pin.model,
-        engine=f"{info.get('name', 'engine')} {info.get('version', '')}".strip(),
-        doctrine=doctrine,
-        prompts=len(reference.records),
-        positions=sum(len(r.token_ids) for r in reference.records),
-        reference_exact_ties=exact_top2_ties(reference),
-        baseline_against_pin=Verdict.of(baseline_vs_pin),
-        mutants=tuple(outcomes),
-        seconds=time.perf_counter() - start,
-        reference=reference,
-    )

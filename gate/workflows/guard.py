@@ -4,7 +4,7 @@ An engine that raises, hangs, returns NaN logprobs, stops short without saying i
 stopped, or names token ids outside its vocabulary is broken, not divergent: each is an
 `EngineError` (exit 3) naming the engine, the prompt and the fault. `GuardedEngine`
 wraps any engine so the runner's generate and force calls get these checks and a
-watchdog, without the runner knowing.
+watchdog, without the run knowing.
 
 `--timeout S` bounds each engine call in seconds: one `generate` call (one prompt unless
 the engine batches prompts, then one batch) or one forced decode. Python cannot stop a
@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from gate.core.engine import Engine, ForcedDecode, PromptInput
 from gate.core.trace import PromptRecord
-from gate.engines.base import Engine, ForcedDecode, PromptInput
 from gate.errors import EngineError
 
 T = TypeVar("T")
@@ -90,24 +90,34 @@ def _check_ids(where: str, field: str, ids: Sequence[int], vocab_size: int | Non
 
 
 class GuardedEngine:
-    """An engine whose generate and force calls run under the watchdog and the fault checks.
+    """An `Engine` whose generate and force calls run under the watchdog and the fault checks.
 
-    Everything else (name, info, encode, batch_size, ...) is the wrapped engine's."""
+    Everything else (info, encode, decode_tokens, and attributes such as `batch_size`) is
+    the wrapped engine's."""
 
     def __init__(self, engine: Engine, *, timeout: float | None = None, vocab_size: int | None = None) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError("timeout must be positive")
         self.engine = engine
+        self.name: str = str(getattr(engine, "name", type(engine).__name__))
         self.timeout = timeout
         self.vocab_size = vocab_size
         self.hung = False
 
     def __getattr__(self, attr: str) -> Any:
+        # Optional attributes of the wrapped engine (batch_size, concurrency, ...).
         return getattr(self.engine, attr)
 
-    @property
-    def name(self) -> str:
-        return str(getattr(self.engine, "name", type(self.engine).__name__))
+    def info(self) -> dict[str, Any]:
+        return self.engine.info()
+
+    def encode(
+        self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+    ) -> tuple[int, ...] | None:
+        return self.engine.encode(text=text, messages=messages)
+
+    def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
+        return self.engine.decode_tokens(ids)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:

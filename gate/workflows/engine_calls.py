@@ -1,0 +1,162 @@
+"""Calls into an engine, each checked: loading and closing, generate, the forced decode.
+
+An engine's own failure (not a gate error) becomes an `EngineError` (exit 3) naming the
+engine and the call; an engine that breaks the contract's shapes fails the same way,
+never as bad input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
+from typing import Any, TypeVar
+
+from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
+from gate.core.trace import PromptRecord, TopList, Trace, TraceError, check_top_logprobs
+from gate.errors import EngineError, GateError
+from gate.workflows.progress import QUIET, Progress
+
+T = TypeVar("T")
+
+
+def engine_name(engine: Engine | str) -> str:
+    return engine if isinstance(engine, str) else str(getattr(engine, "name", type(engine).__name__))
+
+
+def engine_call(engine: Engine | str, what: str, fn: Callable[[], T]) -> T:
+    """Call into an engine; its own failure (not a gate error) is an EngineError, exit 3."""
+    name = engine_name(engine)
+    try:
+        return fn()
+    except GateError:
+        raise
+    except MemoryError as exc:
+        raise EngineError(f"engine {name!r} ran out of memory in {what}: {exc}") from exc
+    except Exception as exc:
+        raise EngineError(f"engine {name!r} failed in {what}: {type(exc).__name__}: {exc}") from exc
+
+
+@contextmanager
+def open_engine(load: Callable[[], Engine], name: str) -> Iterator[Engine]:
+    """The engine `load()` builds, closed when the block ends (however it ends)."""
+    engine = engine_call(name, "load", load)
+    try:
+        yield engine
+    finally:
+        engine_call(name, "close", engine.close)
+
+
+def batch_size_for(engine: Engine, prompts: int) -> int:
+    """How many prompts go to one `generate` call: the engine's `batch_size` (0: all at
+    once) or `concurrency` attribute where it has one, else one at a time, which lets the
+    progress bar move per prompt."""
+    for attr in ("batch_size", "concurrency"):
+        value = getattr(engine, attr, None)
+        if type(value) is int and value >= 0:
+            return value if value > 0 else max(1, prompts)
+    return 1
+
+
+def plain_top(top: Sequence[TopList]) -> list[list[list[Any]]]:
+    """Top-k lists as the trace reader sees them after a round trip through JSON."""
+    return [[[int(t), float(lp)] for t, lp in pos] for pos in top]
+
+
+def checked_records(engine: Engine, batch: Sequence[PromptInput], out: Sequence[PromptRecord]) -> list[PromptRecord]:
+    """An engine that breaks the contract fails as the engine (exit 3), not as bad input."""
+    name = engine_name(engine)
+    if len(out) != len(batch):
+        raise EngineError(f"engine {name!r}: generate returned {len(out)} records for {len(batch)} prompts")
+    for p, rec in zip(batch, out, strict=True):
+        if rec.id != p.id or tuple(rec.prompt_token_ids) != p.prompt_token_ids:
+            raise EngineError(
+                f"engine {name!r}: generate returned record {rec.id!r} for prompt {p.id!r} (or changed its prompt ids)"
+            )
+        if len(rec.token_ids) > p.max_tokens:
+            raise EngineError(
+                f"engine {name!r}: prompt {p.id!r}: {len(rec.token_ids)} tokens for max_tokens {p.max_tokens}"
+            )
+        if rec.top_logprobs is not None:
+            try:
+                check_top_logprobs(f"<engine {name}>", 0, plain_top(rec.top_logprobs), rec.token_ids, oracle=False)
+            except TraceError as exc:
+                raise EngineError(f"engine {name!r}: prompt {p.id!r}: invalid top logprobs: {exc.problem}") from None
+    return list(out)
+
+
+def generate(engine: Engine, batch: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+    """One checked `generate` call."""
+    out = engine_call(engine, "generate", partial(engine.generate, batch, top_k))
+    return checked_records(engine, batch, out)
+
+
+def decode_tokens(engine: Engine, ids: Sequence[int]) -> list[str] | None:
+    """The text of each of `ids`, or None when the engine has none (or gives the wrong count)."""
+    texts = engine_call(engine, "decode_tokens", partial(engine.decode_tokens, list(ids)))
+    return list(texts) if texts is not None and len(texts) == len(ids) else None
+
+
+def diverged_ids(oracle: Trace, candidate: Trace) -> list[str]:
+    """Ids of the prompts whose free run differs from the oracle's tokens."""
+    cand = candidate.by_id()
+    out = []
+    for o in oracle.records:
+        c = cand.get(o.id)
+        if c is not None and tuple(c.token_ids[: len(o.token_ids)]) != tuple(o.token_ids):
+            out.append(o.id)
+    return out
+
+
+def force_along(
+    engine: Engine,
+    oracle: Trace,
+    free: Trace,
+    *,
+    top_k: int,
+    known: Mapping[str, PromptRecord] | None = None,
+    progress: Progress = QUIET,
+    stop_if_unavailable: bool = False,
+) -> tuple[Trace, tuple[str, ...]]:
+    """`free` with `forced_token_ids` (and `forced_mode`) on every prompt whose free run
+    left `oracle`'s tokens, and the ids of the prompts forced.
+
+    Each forced position is then classified on its own, so a tie early in a prompt cannot
+    hide a defect later in it. A forced decode depends only on the prompt and the tokens
+    fed, so a record in `known` forced along the very same tokens is reused instead of
+    decoded again. With `stop_if_unavailable`, an engine that cannot force
+    (`ForcedDecodeUnavailable`, e.g. a server without prompt logprobs) ends the forcing:
+    the positions after each first divergence are then reported unadjudicated.
+    """
+    name = engine_name(engine)
+    ids = diverged_ids(oracle, free)
+    progress.phase("force", len(ids))
+    if not ids:
+        return free, ()
+    orc, cand = oracle.by_id(), free.by_id()
+    forced: dict[str, PromptRecord] = {}
+    for pid in ids:
+        o, c = orc[pid], cand[pid]
+        prior = (known or {}).get(pid)
+        if prior is not None and prior.forced_token_ids is not None:
+            forced[pid] = replace(c, forced_token_ids=prior.forced_token_ids, extra=dict(prior.extra))
+            progress.advance()
+            continue
+        try:
+            fd = engine_call(engine, "force", partial(engine.force, o.prompt_token_ids, o.token_ids, top_k))
+        except ForcedDecodeUnavailable:
+            if stop_if_unavailable:
+                break
+            raise
+        if len(fd.token_ids) != len(o.token_ids):
+            raise EngineError(
+                f"engine {name!r}: force returned {len(fd.token_ids)} choices for {len(o.token_ids)} oracle tokens "
+                f"(prompt {pid!r})"
+            )
+        forced[pid] = replace(
+            c, forced_token_ids=tuple(int(t) for t in fd.token_ids), extra={**c.extra, "forced_mode": fd.mode}
+        )
+        progress.advance()
+    records = tuple(forced.get(r.id, r) for r in free.records)
+    return replace(free, records=records), tuple(forced)

@@ -1,0 +1,115 @@
+"""Self-test by mutation, the run: the unmutated engine records a reference, then every
+mutation runs over the pinned prompts and is judged against the reference and the pin
+(see `gate.core.selftest` for the judging)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from gate.core.adjudicate import compare
+from gate.core.doctrine import Doctrine
+from gate.core.engine import Engine
+from gate.core.pins import Pin, exact_top2_ties
+from gate.core.selftest import (
+    MutantOutcome,
+    Mutation,
+    SelfTestResult,
+    Verdict,
+    changed_positions,
+    judge,
+    reference_trace,
+    reported_positions,
+)
+from gate.core.trace import PromptRecord, Trace
+from gate.workflows.engine_calls import engine_call, force_along, open_engine
+from gate.workflows.progress import QUIET, Progress
+from gate.workflows.run import run_candidate
+
+
+def _forced(
+    engine: Engine,
+    oracle: Trace,
+    free: Trace,
+    progress: Progress,
+    *,
+    known: Mapping[str, PromptRecord] | None = None,
+) -> Trace:
+    # Only the choices are needed: no top-k lists (top_k 0) saves a softmax per step.
+    return force_along(engine, oracle, free, top_k=0, known=known, progress=progress)[0]
+
+
+def _same_tokens(reference: Trace, pin: Trace, forced: Trace) -> dict[str, PromptRecord]:
+    """The records of `forced` (forced along the reference) usable against the pin: those of
+    prompts where the reference and the pin have the same tokens."""
+    ref = reference.by_id()
+    done = forced.by_id()
+    return {r.id: done[r.id] for r in pin.records if r.id in ref and ref[r.id].token_ids == r.token_ids}
+
+
+def run_selftest(
+    pin: Pin,
+    baseline: Callable[[], Engine],
+    mutations: Sequence[Mutation],
+    doctrine: Doctrine,
+    *,
+    progress: Progress | None = None,
+    on_mutant: Callable[[str], None] | None = None,
+) -> SelfTestResult:
+    """Run the unmutated engine, then every mutation, over `pin`'s prompts and judge them."""
+    start = time.perf_counter()
+    progress = progress or QUIET
+    announce = on_mutant or (lambda _name: None)
+
+    announce("reference")
+    with open_engine(baseline, "baseline") as engine:
+        info = engine_call(engine, "info", engine.info)
+        base_free = run_candidate(engine, pin, progress=progress, info=info)
+        reference = reference_trace(base_free)
+        base_forced = _forced(engine, pin.trace, base_free, progress)
+    baseline_vs_pin = compare(pin.trace, base_forced, doctrine)
+
+    outcomes: list[MutantOutcome] = []
+    for m in mutations:
+        announce(m.name)
+        t0 = time.perf_counter()
+        with open_engine(m.load, m.name) as engine:
+            free = run_candidate(engine, pin, progress=progress)
+            vs_ref = _forced(engine, reference, free, progress)
+            known = _same_tokens(reference, pin.trace, vs_ref)
+            vs_pin = _forced(engine, pin.trace, free, progress, known=known)
+        r_ref = compare(reference, vs_ref, doctrine)
+        r_pin = compare(pin.trace, vs_pin, doctrine)
+        prompts, changed = changed_positions(reference, vs_ref)
+        status, met, why = judge(m.expect, changed, r_ref)
+        outcomes.append(
+            MutantOutcome(
+                name=m.name,
+                description=m.description,
+                expect=m.expect,
+                status=status,
+                met=met,
+                why=why,
+                changed_prompts=prompts,
+                changed_positions=changed,
+                reported_positions=reported_positions(r_ref),
+                against_reference=Verdict.of(r_ref),
+                against_pin=Verdict.of(r_pin),
+                seconds=time.perf_counter() - t0,
+                reference_result=r_ref,
+                pin_result=r_pin,
+                candidate=vs_ref,
+            )
+        )
+    return SelfTestResult(
+        model=pin.model,
+        engine=f"{info.get('name', 'engine')} {info.get('version', '')}".strip(),
+        doctrine=doctrine,
+        prompts=len(reference.records),
+        positions=sum(len(r.token_ids) for r in reference.records),
+        reference_exact_ties=len(exact_top2_ties(reference)),
+        baseline_against_pin=Verdict.of(baseline_vs_pin),
+        mutants=tuple(outcomes),
+        seconds=time.perf_counter() - start,
+        reference=reference,
+    )
