@@ -1,19 +1,20 @@
-"""Helpers shared by the commands: engine options, report output, consoles."""
+"""Helpers shared by the commands: engine options, the stderr console, the progress bar."""
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from gate.core.adjudicate import GateResult
-from gate.core.atomic import atomic_write
 from gate.errors import InputError
 
-FORMATS = ("rich", "json", "markdown", "junit", "html")
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+
+    from gate.core.engine import Engine
+    from gate.core.pins import Pin
 
 
 def stderr_console() -> Console:
@@ -31,52 +32,48 @@ def parse_engine_opts(pairs: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
-def check_format(fmt: str | None) -> str:
-    fmt = fmt or "rich"
-    if fmt not in FORMATS:
-        raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    return fmt
+class ProgressBar:
+    """A workflow's progress (`gate.workflows.progress.Progress`) drawn as one rich progress bar on stderr."""
+
+    def __init__(self, progress: RichProgress) -> None:
+        self._progress = progress
+        self._task: Any = None
+
+    def phase(self, name: str, total: int) -> None:
+        if self._task is not None:
+            self._progress.stop_task(self._task)
+        self._task = self._progress.add_task(name, total=total) if total else None
+
+    def advance(self, n: int = 1) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, n)
 
 
-def emit_report(result: GateResult, fmt: str, output: Path | None, *, force: bool = False) -> None:
-    """Render `result`; write it to `output` atomically or print it to stdout.
+def progress_bar() -> RichProgress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    When the report goes to a file, the summary line goes to stderr so a person watching
-    a CI log still sees the verdict. A report on stdout is the only output on success: it
-    carries the summary itself, and `gate compare ... --format json 2>&1 | jq` must parse.
-    """
-    from gate.reports import render
-
-    fmt = check_format(fmt)
-    if fmt == "rich" and output is None and sys.stdout.isatty():
-        from gate.reports.terminal import print_report
-
-        print_report(result, Console(highlight=False, soft_wrap=False))
-    else:  # a file or a pipe: fixed width, no colour codes (render_text for "rich")
-        text = render(result, fmt)
-        if output is not None:
-            atomic_write(output, text.encode("utf-8"), overwrite=force)
-            print(f"{result.summary}\nreport written to {output}", file=sys.stderr)
-        else:
-            sys.stdout.write(text)
-            if not text.endswith("\n"):
-                sys.stdout.write("\n")
-            sys.stdout.flush()
-    _append_step_summary(result)
+    return Progress(
+        TextColumn("{task.description:>9}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("prompts"),
+        TimeElapsedColumn(),
+        console=stderr_console(),
+    )
 
 
-def _append_step_summary(result: GateResult) -> None:
-    """In a GitHub Actions job (`GITHUB_STEP_SUMMARY` set), append the Markdown report to
-    the job summary, whatever the format asked for. A summary that cannot be written is a
-    warning: it must not change the gate's verdict or exit code."""
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return
-    from gate.reports import render
+def default_model() -> str:
+    from gate.models.default import DEFAULT_MODEL
 
-    try:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(render(result, "markdown"))
-            fh.write("\n")
-    except OSError as exc:
-        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}", file=sys.stderr)
+    return DEFAULT_MODEL
+
+
+def load_engine_for(engine_name: str, pin: Pin, opts: dict[str, str], model_path: Path | None) -> Callable[[], Engine]:
+    """What builds the candidate engine: `--model-path` if given, else the pin's model."""
+
+    def load() -> Engine:
+        from gate.engines.registry import load_engine
+
+        return load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
+
+    return load

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from gate.cli import options
+
 
 def compare_files(
     *,
@@ -19,12 +21,14 @@ def compare_files(
     output: Path | None,
     force: bool,
 ) -> int:
-    from gate.cli.common import check_format, emit_report
+    from gate.cli.output import emit, refuse_overwrite
     from gate.core.adjudicate import compare
     from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
     from gate.core.trace import read_trace
+    from gate.reports import check_format
 
-    check_format(fmt)
+    fmt = check_format("GateResult", fmt)
+    refuse_overwrite(force, (output, "--output"))
     doctrine = Doctrine(
         near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
         strict=strict,
@@ -33,7 +37,7 @@ def compare_files(
     o = read_trace(oracle, role="oracle")
     c = read_trace(candidate, role="candidate")
     result = compare(o, c, doctrine)
-    emit_report(result, fmt, output, force=force)
+    emit(result, fmt, output, force=force)
     return result.exit_code
 
 
@@ -45,14 +49,11 @@ def register(app: typer.Typer) -> None:
         near_tie_mnats: Annotated[
             float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats (default: 125).")
         ] = None,
-        near_tie_ulps: Annotated[
-            float | None,
-            typer.Option("--near-tie-ulps", help="Also ratify gaps within N dtype grid steps (needs raw logits)."),
-        ] = None,
-        strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.")] = False,
+        near_tie_ulps: options.NearTieUlps = None,
+        strict: options.Strict = False,
         fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown, junit or html.")] = "rich",
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to this file.")] = None,
-        force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
+        output: options.Output = None,
+        force: options.Force = False,
     ) -> None:
         """Adjudicate two trace files without loading any model, torch or engine."""
         code = compare_files(

@@ -8,52 +8,16 @@ each (exit 0 when every fault was caught and classified as expected, 1 otherwise
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-if TYPE_CHECKING:
-    from rich.console import RenderableType
+from gate.cli import options
 
+if TYPE_CHECKING:
     from gate.core.pins import Pin
     from gate.core.trace import Trace
-
-CALIBRATE_FORMATS = ("rich", "json")
-
-
-def _check_format(fmt: str) -> str:
-    from gate.errors import InputError
-
-    if fmt not in CALIBRATE_FORMATS:
-        raise InputError(f"--format {fmt!r}: expected one of {', '.join(CALIBRATE_FORMATS)}")
-    return fmt
-
-
-def _emit(text_json: str, renderable: RenderableType, plain: str, fmt: str, output: Path | None, force: bool) -> None:
-    """JSON or rich to stdout, or the JSON / plain text to `output`; data only on stdout."""
-    from rich.console import Console
-
-    from gate.core.atomic import atomic_write
-
-    if output is not None:
-        atomic_write(output, (text_json if fmt == "json" else plain).encode("utf-8"), overwrite=force)
-        print(f"report written to {output}", file=sys.stderr)
-    elif fmt == "json":
-        sys.stdout.write(text_json)
-        sys.stdout.flush()
-    else:
-        Console(highlight=False, soft_wrap=False).print(renderable)
-
-
-def _refuse_clobber(output: Path | None, force: bool, *more: tuple[Path | None, str]) -> None:
-    from gate.errors import InputError
-
-    for path, flag in ((output, "--output"), *more):
-        if path is not None and path.exists() and not force:
-            raise InputError(f"{flag} {path}: already exists; pass --force to replace it")
-
 
 def _load_pin(model: str | None, pins_dir: Path | None) -> Pin:
     from gate.core.pins import load_pin
@@ -69,14 +33,12 @@ def run_candidate_for_calibration(
     pin: Pin, engine_name: str, opts: dict[str, str], model_path: Path | None
 ) -> Trace:
     """The candidate's trace over the pin: free run with top-k logprobs, forced where it diverged."""
-    from gate.cli.run import ProgressBar, _progress_bar
-    from gate.engines.registry import load_engine
+    from gate.cli.common import ProgressBar, load_engine_for, progress_bar
     from gate.workflows.calibrate import candidate_trace
 
-    weights = str(model_path) if model_path is not None else pin.model
-    with _progress_bar() as bar:
+    with progress_bar() as bar:
         return candidate_trace(
-            pin, lambda: load_engine(engine_name, weights, opts), engine_name, progress=ProgressBar(bar)
+            pin, load_engine_for(engine_name, pin, opts, model_path), engine_name, progress=ProgressBar(bar)
         )
 
 
@@ -96,14 +58,15 @@ def calibrate_command(
     force: bool,
 ) -> int:
     from gate.cli.common import parse_engine_opts
+    from gate.cli.output import emit, refuse_overwrite, say
     from gate.core.calibrate import calibrate
     from gate.core.trace import read_trace, write_trace
     from gate.errors import InputError
-    from gate.reports.calibrate import calibration_renderable, render_calibration_json, render_calibration_text
+    from gate.reports import check_format
 
-    fmt = _check_format(fmt)
+    fmt = check_format("Calibration", fmt)
     opts = parse_engine_opts(engine_opts)
-    _refuse_clobber(output, force, (save_trace, "--save-trace"))
+    refuse_overwrite(force, (output, "--output"), (save_trace, "--save-trace"))
     if (oracle is None) != (candidate is None):
         raise InputError("gate calibrate takes two trace files (ORACLE CANDIDATE) or none (run the engine on the pin)")
     if oracle is not None and candidate is not None:
@@ -119,11 +82,9 @@ def calibrate_command(
         c = run_candidate_for_calibration(pin, engine or "hf", opts, model_path)
         if save_trace is not None:
             write_trace(save_trace, c, overwrite=force)
-            print(f"candidate trace written to {save_trace}", file=sys.stderr)
+            say(f"candidate trace written to {save_trace}")
     cal = calibrate(o, c, dtype=dtype)
-    _emit(render_calibration_json(cal), calibration_renderable(cal), render_calibration_text(cal), fmt, output, force)
-    if fmt == "json" or output is not None:
-        print(f"recommended doctrine: {cal.recommendation.flags}", file=sys.stderr)
+    emit(cal, fmt, output, force=force, engine_ran=oracle is None)
     return 0
 
 
@@ -143,16 +104,16 @@ def selftest_command(
     output: Path | None,
     force: bool,
 ) -> int:
-    from gate.cli.common import parse_engine_opts, stderr_console
-    from gate.cli.run import ProgressBar, _progress_bar
+    from gate.cli.common import ProgressBar, parse_engine_opts, progress_bar
+    from gate.cli.output import emit, refuse_overwrite, say
     from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
     from gate.core.selftest import SELFTEST_NEAR_TIE_ULPS
     from gate.engines.mutants import baseline_loader, mutations
-    from gate.reports.selftest import render_selftest_json, render_selftest_text, selftest_renderable
+    from gate.reports import check_format
     from gate.workflows.selftest import run_selftest
 
-    fmt = _check_format(fmt)
-    _refuse_clobber(output, force)
+    fmt = check_format("SelfTestResult", fmt)
+    refuse_overwrite(force, (output, "--output"))
     opts = parse_engine_opts(engine_opts)
     doctrine = Doctrine(
         near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
@@ -161,19 +122,16 @@ def selftest_command(
     pin = _load_pin(model, pins_dir)
     weights = str(model_path) if model_path is not None else pin.model
     chosen = mutations(weights, opts, only=only)
-    err = stderr_console()
-    with _progress_bar() as bar:
+    with progress_bar() as bar:
         result = run_selftest(
             pin,
             baseline_loader(weights, opts),
             chosen,
             doctrine,
             progress=ProgressBar(bar),
-            on_mutant=lambda name: err.print(f"selftest: running {name}"),
+            on_mutant=lambda name: say(f"selftest: running {name}"),
         )
-    _emit(render_selftest_json(result), selftest_renderable(result), render_selftest_text(result), fmt, output, force)
-    if fmt == "json" or output is not None:
-        print(result.summary, file=sys.stderr)
+    emit(result, fmt, output, force=force, engine_ran=True)
     return result.exit_code
 
 
@@ -185,28 +143,19 @@ def register(app: typer.Typer) -> None:
     def calibrate_cmd(
         oracle: Annotated[Path | None, typer.Argument(help="Oracle trace (omit both files to run the engine).")] = None,
         candidate: Annotated[Path | None, typer.Argument(help="Candidate trace with top_logprobs.")] = None,
-        model: Annotated[
-            str | None,
-            typer.Option("--model", "-m", help="Model whose pin to run against (default: the embedded default)."),
-        ] = None,
-        engine: Annotated[str | None, typer.Option("--engine", "-e", help="Candidate engine (default: hf).")] = None,
-        engine_opt: Annotated[
-            list[str] | None, typer.Option("--engine-opt", help="Engine option key=value (repeatable).")
-        ] = None,
-        model_path: Annotated[
-            Path | None, typer.Option("--model-path", help="Load the candidate's weights from this folder.")
-        ] = None,
-        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
+        model: options.Model = None,
+        engine: options.Engine = None,
+        engine_opt: options.EngineOpt = None,
+        model_path: options.ModelPath = None,
+        pins_dir: options.PinsDir = None,
         dtype: Annotated[
             str | None,
             typer.Option("--dtype", help="Grid of the figures in steps (default: the oracle's dtype, else bfloat16)."),
         ] = None,
         fmt: Annotated[str, typer.Option("--format", help="rich or json.")] = "rich",
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to this file.")] = None,
-        save_trace: Annotated[
-            Path | None, typer.Option("--save-trace", help="Save the candidate's trace (engine mode).")
-        ] = None,
-        force: Annotated[bool, typer.Option("--force", help="Replace --output and --save-trace.")] = False,
+        output: options.Output = None,
+        save_trace: options.SaveTrace = None,
+        force: options.Force = False,
     ) -> None:
         """Measure the drift between a candidate and the oracle and recommend a near-tie doctrine."""
         raise typer.Exit(
@@ -228,29 +177,20 @@ def register(app: typer.Typer) -> None:
 
     @app.command("selftest")
     def selftest_cmd(
-        model: Annotated[
-            str | None,
-            typer.Option("--model", "-m", help="Model whose pin to test on (default: the embedded default)."),
-        ] = None,
-        model_path: Annotated[
-            Path | None, typer.Option("--model-path", help="Load the weights from this folder.")
-        ] = None,
-        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
-        engine_opt: Annotated[
-            list[str] | None, typer.Option("--engine-opt", help="HF engine option key=value (repeatable).")
-        ] = None,
+        model: options.Model = None,
+        model_path: options.ModelPath = None,
+        pins_dir: options.PinsDir = None,
+        engine_opt: options.EngineOpt = None,
         only: Annotated[
             list[str] | None, typer.Option("--only", help="Run only this mutant (repeatable).")
         ] = None,
-        near_tie_mnats: Annotated[
-            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats (default: 125).")
-        ] = None,
+        near_tie_mnats: options.NearTieMnats = None,
         near_tie_ulps: Annotated[
             float | None, typer.Option("--near-tie-ulps", help="Near-tie allowance in grid steps (default: 1).")
         ] = None,
         fmt: Annotated[str, typer.Option("--format", help="rich or json.")] = "rich",
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to this file.")] = None,
-        force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
+        output: options.Output = None,
+        force: options.Force = False,
     ) -> None:
         """Inject faults into the HF engine and check the gate catches each (exit 0 all caught, 1 not)."""
         raise typer.Exit(

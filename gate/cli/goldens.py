@@ -2,31 +2,18 @@
 goldens/<org>/<model>/<engine>.jsonl, and the proof that a change to the engine is inert
 (or the list of every golden it moves, each with its cause).
 
-The work is `gate.core.goldens`; the reports are `gate.reports.goldens`. This module
-parses options, draws the progress bar on stderr, prints and exits.
+The work is `gate.workflows.goldens` (files and judging: `gate.core.goldens`); the reports
+are `gate.reports.goldens`. This module parses options and hands the report to the output sink.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-if TYPE_CHECKING:
-    from gate.core.engine import Engine
-    from gate.core.goldens import GoldensResult
-    from gate.core.pins import Pin
-
-GOLDEN_FORMATS = ("rich", "json", "markdown")
-
-
-def _load_engine(engine_name: str, pin: Pin, opts: dict[str, str], model_path: Path | None) -> Engine:
-    from gate.engines.registry import load_engine
-
-    return load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
+from gate.cli import options
 
 
 def _engine_line(info_engine: dict[str, object] | None, opts: dict[str, str]) -> str:
@@ -47,8 +34,8 @@ def record_goldens(
     golden: Path | None,
     force: bool,
 ) -> int:
-    from gate.cli.common import parse_engine_opts
-    from gate.cli.run import ProgressBar, _progress_bar, default_model
+    from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
+    from gate.cli.output import refuse_overwrite, say
     from gate.core.atomic import atomic_write
     from gate.core.doctrine import Doctrine
     from gate.core.goldens import (
@@ -62,7 +49,7 @@ def record_goldens(
     from gate.core.pins import load_pin
     from gate.core.trace import read_trace
     from gate.errors import InputError
-    from gate.workflows.engine_calls import engine_call
+    from gate.workflows.engine_calls import open_engine
     from gate.workflows.goldens import record_golden
 
     opts = parse_engine_opts(engine_opts)
@@ -72,25 +59,23 @@ def record_goldens(
     # Refused before the model loads (minutes on a large one).
     if path.is_dir():
         raise InputError(f"{path}: is a directory")
-    if path.exists() and not force:
-        raise InputError(
-            f"{path}: a golden exists; pass --force (or --accept) to re-record it "
-            "(the old one is kept as a backup, and what moved is shown)"
-        )
+    refuse_overwrite(
+        force,
+        (path, ""),
+        message="{path}: a golden exists; pass --force (or --accept) to re-record it "
+        "(the old one is kept as a backup, and what moved is shown)",
+    )
     old = None
     if path.exists():
         try:
             old = read_trace(path, role="candidate")
         except InputError as exc:
-            print(f"gate: the old golden cannot be read ({exc}); it is replaced all the same", file=sys.stderr)
+            say(f"gate: the old golden cannot be read ({exc}); it is replaced all the same")
 
-    print(f"recording the {engine_name} golden for {pin.model}: {len(pin.trace.records)} prompts", file=sys.stderr)
-    eng = _load_engine(engine_name, pin, opts, model_path)
-    try:
-        with _progress_bar() as bar:
-            trace = record_golden(eng, pin, options=opts, path=str(path), progress=ProgressBar(bar))
-    finally:
-        engine_call(eng, "close", eng.close)
+    say(f"recording the {engine_name} golden for {pin.model}: {len(pin.trace.records)} prompts")
+    load = load_engine_for(engine_name, pin, opts, model_path)
+    with open_engine(load, engine_name) as eng, progress_bar() as bar:
+        trace = record_golden(eng, pin, options=opts, path=str(path), progress=ProgressBar(bar))
 
     if old is not None:
         try:
@@ -107,20 +92,18 @@ def record_goldens(
                 moves=moves,
                 doctrine=Doctrine(),
             )
-            print(f"against the old golden: {goldens_summary(result)}", file=sys.stderr)
-            for m in moves:
-                print(f"  {m.prompt_id} @ {m.position}: {m.label}: {m.reason}", file=sys.stderr)
+            say(f"against the old golden: {goldens_summary(result)}")
+            say(*(f"  {m.prompt_id} @ {m.position}: {m.label}: {m.reason}" for m in moves))
         except InputError as exc:
-            print(f"the old golden was for other prompts ({exc})", file=sys.stderr)
+            say(f"the old golden was for other prompts ({exc})")
 
     kept = atomic_write(path, encode_golden(trace), overwrite=force, backup=path.exists())
     if kept is not None:
-        print(f"kept the old golden as {kept}", file=sys.stderr)
+        say(f"kept the old golden as {kept}")
     positions = sum(len(r.token_ids) for r in trace.records)
-    print(
+    say(
         f"golden written to {path}: {len(trace.records)} prompts, {positions} positions "
-        f"({_engine_line(dict(trace.header.engine), opts)})",
-        file=sys.stderr,
+        f"({_engine_line(dict(trace.header.engine), opts)})"
     )
     return 0
 
@@ -141,8 +124,8 @@ def check_goldens(
 ) -> int:
     from dataclasses import replace
 
-    from gate.cli.common import parse_engine_opts
-    from gate.cli.run import ProgressBar, _progress_bar, default_model
+    from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
+    from gate.cli.output import emit
     from gate.core.atomic import atomic_write
     from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
     from gate.core.goldens import (
@@ -155,12 +138,12 @@ def check_goldens(
     )
     from gate.core.pins import load_pin
     from gate.core.trace import read_trace
-    from gate.errors import GateError, InputError
-    from gate.workflows.engine_calls import engine_call
+    from gate.errors import GateError
+    from gate.reports import check_format
+    from gate.workflows.engine_calls import open_engine
     from gate.workflows.goldens import check_golden
 
-    if fmt not in GOLDEN_FORMATS:
-        raise InputError(f"--format {fmt!r}: expected one of {', '.join(GOLDEN_FORMATS)}")
+    fmt = check_format("GoldensResult", fmt)
     opts = parse_engine_opts(engine_opts)
     doctrine = Doctrine(
         near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
@@ -179,79 +162,24 @@ def check_goldens(
     pin = load_pin(model, pins_dir)
     check_golden_against_pin(old, pin)  # before the model loads
 
-    eng = _load_engine(engine_name, pin, opts, model_path)
-    try:
-        with _progress_bar() as bar:
-            result, fresh = check_golden(eng, pin, old, doctrine, options=opts, progress=ProgressBar(bar))
-    finally:
-        engine_call(eng, "close", eng.close)
+    load = load_engine_for(engine_name, pin, opts, model_path)
+    with open_engine(load, engine_name) as eng, progress_bar() as bar:
+        result, fresh = check_golden(eng, pin, old, doctrine, options=opts, progress=ProgressBar(bar))
 
     if accept and result.moves:
         new = accepted_golden(old, fresh, result.moves)
         try:
             kept = atomic_write(path, encode_golden(new), overwrite=True, backup=True)
         except GateError:
-            _emit(result, fmt)
+            emit(result, fmt, engine_ran=True)
             raise
         result = replace(result, accepted=display_path(path), backup=display_path(kept) if kept else None)
-    _emit(result, fmt)
+    emit(result, fmt, engine_ran=True)
     return result.exit_code
-
-
-def _emit(result: GoldensResult, fmt: str) -> None:
-    """The report on stdout (rich on a terminal, else plain text); with json or markdown
-    the summary goes to stderr too, so piped data stays clean and a CI log shows it."""
-    from rich.console import Console
-
-    from gate.reports.goldens import print_goldens, render_goldens
-
-    if fmt == "rich" and sys.stdout.isatty():
-        print_goldens(result, Console(highlight=False, soft_wrap=False))
-    else:
-        text = render_goldens(result, fmt)
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        sys.stdout.flush()
-        if fmt != "rich":
-            print(result.summary, file=sys.stderr)
-    _append_step_summary(result)
-
-
-def _append_step_summary(result: GoldensResult) -> None:
-    """In a GitHub Actions job, append the Markdown report to the job summary; a summary
-    that cannot be written is a warning, never a change of exit code."""
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return
-    from gate.reports.goldens import render_goldens_markdown
-
-    try:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(render_goldens_markdown(result) + "\n")
-    except OSError as exc:
-        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- commands
 
-_Model = Annotated[
-    str | None,
-    typer.Option("--model", "-m", help="Model id whose pin and goldens to use \\[default: the embedded default]."),
-]
-_Engine = Annotated[
-    str | None,
-    typer.Option("--engine", "-e", help="Engine: hf, vllm, openai, a plugin, or module:Class \\[default: hf]."),
-]
-_EngineOpt = Annotated[
-    list[str] | None,
-    typer.Option("--engine-opt", help="Engine option key=value (repeatable), e.g. tie_break=highest."),
-]
-_ModelPath = Annotated[
-    Path | None, typer.Option("--model-path", help="Load the weights from this folder (the pin is found by --model).")
-]
-_PinsDir = Annotated[
-    Path | None,
-    typer.Option("--pins-dir", help="Folder of pins \\[default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
-]
 _GoldensDir = Annotated[
     Path | None,
     typer.Option("--goldens-dir", help="Folder of goldens \\[default: $GATE_GOLDENS_DIR, ./goldens, gate's own]."),
@@ -272,11 +200,11 @@ def register(app: typer.Typer) -> None:
 
     @goldens_app.command("record")
     def record_cmd(
-        model: _Model = None,
-        engine: _Engine = None,
-        engine_opt: _EngineOpt = None,
-        model_path: _ModelPath = None,
-        pins_dir: _PinsDir = None,
+        model: options.Model = None,
+        engine: options.Engine = None,
+        engine_opt: options.EngineOpt = None,
+        model_path: options.ModelPath = None,
+        pins_dir: options.PinsDir = None,
         goldens_dir: _GoldensDir = None,
         golden: _Golden = None,
         force: Annotated[
@@ -300,11 +228,11 @@ def register(app: typer.Typer) -> None:
 
     @goldens_app.command("check")
     def check_cmd(
-        model: _Model = None,
-        engine: _Engine = None,
-        engine_opt: _EngineOpt = None,
-        model_path: _ModelPath = None,
-        pins_dir: _PinsDir = None,
+        model: options.Model = None,
+        engine: options.Engine = None,
+        engine_opt: options.EngineOpt = None,
+        model_path: options.ModelPath = None,
+        pins_dir: options.PinsDir = None,
         goldens_dir: _GoldensDir = None,
         golden: _Golden = None,
         fmt: Annotated[str, typer.Option("--format", help="rich, json or markdown.")] = "rich",

@@ -7,11 +7,12 @@ The recording itself is `gate.workflows.pin_record.record_oracle`; the folder's 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from gate.cli import options
 
 
 def record_pin(
@@ -26,6 +27,7 @@ def record_pin(
     force: bool,
 ) -> int:
     from gate.cli.common import parse_engine_opts
+    from gate.cli.output import refuse_overwrite, say
     from gate.core.pins import (
         SUITE_FILE,
         diff_pins,
@@ -38,16 +40,18 @@ def record_pin(
     from gate.core.trace import read_trace
     from gate.engines.registry import load_engine
     from gate.errors import InputError, PinError
-    from gate.workflows.engine_calls import engine_call
+    from gate.workflows.engine_calls import open_engine
     from gate.workflows.pin_record import record_oracle
 
     folder = folder_for_writing(model, pins_dir)
     # Everything that can be refused is refused before the oracle loads (minutes on a GPU).
-    if folder.pin_path.exists() and not force:
-        raise PinError(
-            f"{folder.pin_path} exists; pass --force to re-record it "
-            "(the old pin is kept as a backup, and what moved is shown)"
-        )
+    refuse_overwrite(
+        force,
+        (folder.pin_path, ""),
+        message="{path} exists; pass --force to re-record it "
+        "(the old pin is kept as a backup, and what moved is shown)",
+        error=PinError,
+    )
     old = read_trace(folder.pin_path, role="oracle") if folder.pin_path.exists() else None
     settings = read_settings(folder.settings_path).with_overrides(
         max_tokens=max_tokens, top_k=top_k, engine_opts=parse_engine_opts(engine_opts)
@@ -65,12 +69,9 @@ def record_pin(
     suite = read_suite(source).resolved(settings.max_tokens, override=max_tokens)
 
     source_model = str(model_path) if model_path is not None else model
-    print(
-        f"recording the {settings.engine} oracle for {model}: {len(suite)} prompts, top-{settings.top_k} logprobs",
-        file=sys.stderr,
-    )
-    engine = load_engine(settings.engine, source_model, settings.engine_kwargs())
-    try:
+    say(f"recording the {settings.engine} oracle for {model}: {len(suite)} prompts, top-{settings.top_k} logprobs")
+    load = lambda: load_engine(settings.engine, source_model, settings.engine_kwargs())  # noqa: E731
+    with open_engine(load, settings.engine) as engine:
         trace = record_oracle(
             engine,
             model=model,
@@ -79,20 +80,16 @@ def record_pin(
             pin_path=str(folder.pin_path),
             model_source=source_model,
         )
-    finally:
-        engine_call(engine, "close", engine.close)
     if old is not None:
-        for line in diff_pins(old, trace).lines():
-            print(line, file=sys.stderr)
+        say(*diff_pins(old, trace).lines())
     done = write_pin(folder, suite, settings, trace, force=force)
     for kept in done.backups:
-        print(f"kept the old {kept.name.split('.bak-')[0]} as {kept}", file=sys.stderr)
+        say(f"kept the old {kept.name.split('.bak-')[0]} as {kept}")
     ties = exact_top2_ties(trace)
     positions = sum(len(r.token_ids) for r in trace.records)
-    print(
+    say(
         f"pin written to {folder.pin_path}: {len(trace.records)} prompts, {positions} positions; "
-        f"{len(ties)} positions where the oracle's top two logprobs are exactly equal",
-        file=sys.stderr,
+        f"{len(ties)} positions where the oracle's top two logprobs are exactly equal"
     )
     return 0
 
@@ -100,7 +97,8 @@ def record_pin(
 def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
     import orjson
 
-    from gate.cli.run import default_model
+    from gate.cli.common import default_model
+    from gate.cli.output import write_data
     from gate.core.pins import exact_top2_ties, load_pin
 
     pin = load_pin(model or default_model(), pins_dir)
@@ -118,7 +116,7 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
             {"prompt_id": t.prompt_id, "position": t.position, "chosen": t.chosen, "other": t.other} for t in ties
         ],
     }
-    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    write_data(orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE), None)
     return 0
 
 
@@ -141,15 +139,9 @@ def register(app: typer.Typer) -> None:
         top_k: Annotated[
             int | None, typer.Option("--top-k", min=1, help="Top logprobs per position \\[default: oracle.json's, 20].")
         ] = None,
-        engine_opt: Annotated[
-            list[str] | None,
-            typer.Option("--engine-opt", help="Oracle engine option key=value, e.g. tensor_parallel_size=2."),
-        ] = None,
-        model_path: Annotated[
-            Path | None,
-            typer.Option("--model-path", help="Load the weights from this folder (the pin is for --model)."),
-        ] = None,
-        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
+        engine_opt: options.EngineOpt = None,
+        model_path: options.ModelPath = None,
+        pins_dir: options.PinsDir = None,
         force: Annotated[
             bool, typer.Option("--force", help="Re-record an existing pin (keeps a backup, shows what moved).")
         ] = False,
@@ -170,10 +162,8 @@ def register(app: typer.Typer) -> None:
 
     @pin_app.command("show")
     def show_cmd(
-        model: Annotated[
-            str | None, typer.Option("--model", "-m", help="Model id \\[default: the embedded default].")
-        ] = None,
-        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
+        model: options.Model = None,
+        pins_dir: options.PinsDir = None,
     ) -> None:
         """Print a pin's provenance and its exact top-2 ties as JSON."""
         raise typer.Exit(show_pin(model=model, pins_dir=pins_dir))

@@ -7,57 +7,18 @@ bar on stderr and prints the report.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-if TYPE_CHECKING:
-    from rich.progress import Progress as RichProgress
+from gate.cli import options
 
+if TYPE_CHECKING:
     from gate.core.doctrine import Doctrine
     from gate.core.pins import Pin
     from gate.workflows.run import RunOutcome, RunPlan, Timings
-
-
-class ProgressBar:
-    """The runner's progress callbacks drawn as one rich progress bar on stderr."""
-
-    def __init__(self, progress: RichProgress) -> None:
-        self._progress = progress
-        self._task: Any = None
-
-    def phase(self, name: str, total: int) -> None:
-        if self._task is not None:
-            self._progress.stop_task(self._task)
-        self._task = self._progress.add_task(name, total=total) if total else None
-
-    def advance(self, n: int = 1) -> None:
-        if self._task is not None:
-            self._progress.advance(self._task, n)
-
-
-def _progress_bar() -> RichProgress:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from gate.cli.common import stderr_console
-
-    return Progress(
-        TextColumn("{task.description:>9}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("prompts"),
-        TimeElapsedColumn(),
-        console=stderr_console(),
-    )
-
-
-def default_model() -> str:
-    from gate.models.default import DEFAULT_MODEL
-
-    return DEFAULT_MODEL
 
 
 def run_gate(
@@ -82,22 +43,22 @@ def run_gate(
     timeout: float | None = None,
     repeat: int = 1,
 ) -> int:
-    from gate.cli.common import check_format, emit_report, parse_engine_opts
+    from gate.cli.common import default_model, parse_engine_opts
+    from gate.cli.output import emit, refuse_overwrite, say
     from gate.core.doctrine import Doctrine
     from gate.core.pins import load_pin
     from gate.core.trace import read_trace, write_trace
     from gate.errors import InputError
+    from gate.reports import check_format
     from gate.workflows.run import Timings, doctrine_for, gate_trace_against_pin
 
-    fmt = check_format(fmt)
+    fmt = check_format("GateResult", fmt)
     opts = parse_engine_opts(engine_opts)
     flags = {"near_tie_mnats": near_tie_mnats, "near_tie_ulps": near_tie_ulps}
     # A bad threshold fails before any work.
     Doctrine(near_tie_mnats=0.0 if near_tie_mnats is None else near_tie_mnats, near_tie_ulps=near_tie_ulps)
     # Refuse to clobber before spending minutes on a model.
-    for path, flag in ((save_trace, "--save-trace"), (output, "--output")):
-        if path is not None and path.exists() and not force:
-            raise InputError(f"{flag} {path}: already exists; pass --force to replace it")
+    refuse_overwrite(force, (save_trace, "--save-trace"), (output, "--output"))
 
     if candidate_trace is not None:
         given = [
@@ -127,10 +88,10 @@ def run_gate(
         outcome = _run_engine(pin, engine or "hf", opts, model_path, doctrine, Timings(), plan, fmt)
         if save_trace is not None:
             write_trace(save_trace, outcome.candidate, overwrite=force)
-            print(f"candidate trace written to {save_trace}", file=sys.stderr)
-    emit_report(outcome.result, fmt, output, force=force)
+            say(f"candidate trace written to {save_trace}")
+    emit(outcome.result, fmt, output, force=force, engine_ran=candidate_trace is None)
     if timings:
-        print(outcome.timings.line(), file=sys.stderr)
+        say(outcome.timings.line())
     return outcome.result.exit_code
 
 
@@ -146,6 +107,7 @@ def _run_plan(
     repeat: int,
 ) -> RunPlan:
     """The options of a long run, checked before the engine loads."""
+    from gate.cli.output import say
     from gate.core.shards import parse_shard
     from gate.errors import InputError
     from gate.workflows.progress import PROGRESS_SUFFIX, default_progress_path
@@ -163,9 +125,7 @@ def _run_plan(
         else:
             progress_file = default_progress_path(pin.model, engine_name, kn)
     if not resume and progress_file.exists():
-        print(
-            f"replacing the progress file of an earlier run, {progress_file} (--resume continues one)", file=sys.stderr
-        )
+        say(f"replacing the progress file of an earlier run, {progress_file} (--resume continues one)")
     return RunPlan(
         engine_options=opts,
         shard=kn,
@@ -187,42 +147,37 @@ def _run_engine(
     plan: RunPlan | None = None,
     fmt: str = "rich",
 ) -> RunOutcome:
-    from gate.cli.common import emit_report
-    from gate.engines.registry import load_engine
-    from gate.workflows.guard import EngineTimeout
+    from gate.cli.common import ProgressBar, load_engine_for, progress_bar
+    from gate.cli.output import emit, say
+    from gate.workflows.engine_calls import open_engine
     from gate.workflows.run import RunInterrupted, RunPlan, gate_run
 
     start = time.perf_counter()
-    engine = load_engine(engine_name, str(model_path) if model_path is not None else pin.model, opts)
-    timings.load_s = time.perf_counter() - start
-    hung = False
     notes: list[str] = []
     try:
-        with _progress_bar() as bar:
-            return gate_run(
-                engine, pin, doctrine, plan or RunPlan(), progress=ProgressBar(bar), timings=timings, notes=notes
-            )
+        with open_engine(load_engine_for(engine_name, pin, opts, model_path), engine_name) as engine:
+            timings.load_s = time.perf_counter() - start
+            with progress_bar() as bar:
+                return gate_run(
+                    engine, pin, doctrine, plan or RunPlan(), progress=ProgressBar(bar), timings=timings, notes=notes
+                )
     except RunInterrupted as exc:
         # Ctrl-C: the report of the prompts done so far, then exit 130 (gate.cli.main).
-        emit_report(exc.outcome.result, fmt, None)
-        raise
-    except EngineTimeout:
-        hung = True  # the engine is still busy in a thread: closing it could hang too
+        emit(exc.outcome.result, fmt, None, engine_ran=True)
         raise
     finally:
-        for note in notes:
-            print(note, file=sys.stderr)
-        if not hung:
-            engine.close()
+        say(*notes)
 
 
 def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | None, force: bool) -> int:
     import orjson
 
-    from gate.core.atomic import atomic_write
+    from gate.cli.common import default_model
+    from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
     from gate.core.pins import load_pin
     from gate.workflows.run import prompt_inputs
 
+    refuse_overwrite(force, (output, "--output"))
     pin = load_pin(model or default_model(), pins_dir)
     lines = b"".join(
         orjson.dumps(
@@ -240,17 +195,13 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
             "engine": {"name": "NAME", "version": "V"},
         }
     ).decode()
-    if output is None:
-        sys.stdout.buffer.write(lines)
-        sys.stdout.flush()
-    else:
-        atomic_write(output, lines, overwrite=force)
-        print(f"{len(pin.trace.records)} prompts of {pin.folder.pin_path} written to {output}", file=sys.stderr)
-    print(
+    write_data(lines, output, force=force)
+    if not to_stdout(output):
+        say(f"{len(pin.trace.records)} prompts of {pin.folder.pin_path} written to {output}")
+    say(
         "run each prompt greedily from its prompt_token_ids for max_tokens tokens and write a candidate trace: "
         f"a header line such as {header}, then one record per prompt with id, prompt_token_ids and token_ids "
-        "(top_logprobs optional); gate it with: gate run --candidate-trace TRACE",
-        file=sys.stderr,
+        "(top_logprobs optional); gate it with: gate run --candidate-trace TRACE"
     )
     return 0
 
@@ -258,51 +209,16 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        model: Annotated[
-            str | None,
-            typer.Option(
-                "--model",
-                "-m",
-                help="Model id whose pin to gate against \\[default: the embedded SmolLM2-135M-Instruct].",
-            ),
-        ] = None,
-        engine: Annotated[
-            str | None,
-            typer.Option(
-                "--engine", "-e", help="Candidate engine: hf, vllm, openai, a plugin, or module:Class \\[default: hf]."
-            ),
-        ] = None,
-        engine_opt: Annotated[
-            list[str] | None,
-            typer.Option("--engine-opt", help="Engine option key=value (repeatable), e.g. dtype=bfloat16."),
-        ] = None,
-        model_path: Annotated[
-            Path | None,
-            typer.Option(
-                "--model-path",
-                help="Load the candidate's weights from this folder (the pin is still found by --model).",
-            ),
-        ] = None,
-        near_tie_mnats: Annotated[
-            float | None,
-            typer.Option(
-                "--near-tie-mnats", help="Near-tie threshold in millinats \\[default: the pin's doctrine, else 125]."
-            ),
-        ] = None,
-        near_tie_ulps: Annotated[
-            float | None,
-            typer.Option(
-                "--near-tie-ulps",
-                help="Also ratify gaps within N steps of the dtype grid (needs the pin's raw logits) "
-                "\\[default: the pin's doctrine].",
-            ),
-        ] = None,
-        strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.")] = False,
+        model: options.Model = None,
+        engine: options.Engine = None,
+        engine_opt: options.EngineOpt = None,
+        model_path: options.ModelPath = None,
+        near_tie_mnats: options.NearTieMnats = None,
+        near_tie_ulps: options.NearTieUlps = None,
+        strict: options.Strict = False,
         fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown, junit or html.")] = "rich",
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to this file.")] = None,
-        save_trace: Annotated[
-            Path | None, typer.Option("--save-trace", help="Save the candidate's trace (format v1) here.")
-        ] = None,
+        output: options.Output = None,
+        save_trace: options.SaveTrace = None,
         candidate_trace: Annotated[
             Path | None,
             typer.Option(
@@ -310,13 +226,8 @@ def register(app: typer.Typer) -> None:
                 help="Adjudicate this candidate trace (written by any engine) instead of running one.",
             ),
         ] = None,
-        pins_dir: Annotated[
-            Path | None,
-            typer.Option("--pins-dir", help="Folder of pins \\[default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
-        ] = None,
-        force: Annotated[
-            bool, typer.Option("--force", help="Replace --output and --save-trace if they exist.")
-        ] = False,
+        pins_dir: options.PinsDir = None,
+        force: options.Force = False,
         timings: Annotated[
             bool, typer.Option("--timings", help="Print the wall time of each stage on stderr.")
         ] = False,
@@ -385,15 +296,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("export-prompts")
     def export_prompts_cmd(
-        model: Annotated[
-            str | None,
-            typer.Option(
-                "--model", "-m", help="Model id whose pinned prompts to export \\[default: the embedded default]."
-            ),
-        ] = None,
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
-        pins_dir: Annotated[Path | None, typer.Option("--pins-dir", help="Folder of pins.")] = None,
-        force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
+        model: options.Model = None,
+        output: options.Output = None,
+        pins_dir: options.PinsDir = None,
+        force: options.Force = False,
     ) -> None:
         """Write the pinned prompts (id, prompt_token_ids, max_tokens) as JSON Lines, for an engine that
         writes its own trace; gate that trace with `gate run --candidate-trace`."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from gate.cli import options
 
 
 def merge_files(
@@ -18,7 +19,7 @@ def merge_files(
     pins_dir: Path | None,
     force: bool,
 ) -> int:
-    from gate.core.atomic import atomic_write
+    from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
     from gate.core.shards import merge_traces
     from gate.core.trace import encode_trace, read_trace
     from gate.errors import InputError, PinError
@@ -26,8 +27,11 @@ def merge_files(
     if pin_model is not None and expect_ids_from is not None:
         raise InputError("--pin-model and --expect-ids-from both name the expected prompts: give one")
     # Refuse to clobber before reading what may be gigabytes of shards.
-    if output.exists() and not force:
-        raise InputError(f"--output {output}: already exists; pass --force to replace it (a backup is kept)")
+    refuse_overwrite(
+        force,
+        (output, "--output"),
+        message="{flag}{path}: already exists; pass --force to replace it (a backup is kept)",
+    )
     traces = [read_trace(p) for p in shards]
 
     expected: tuple[str, ...] | None = None
@@ -56,10 +60,11 @@ def merge_files(
             )
 
     merged = merge_traces(traces, expected, expected_from=source)
-    kept = atomic_write(output, encode_trace(merged.header, merged.records), overwrite=force, backup=force)
-    print(f"merged {len(traces)} shard trace(s), {len(merged.records)} prompts, into {output}", file=sys.stderr)
+    kept = write_data(encode_trace(merged.header, merged.records), output, force=force, backup=force)
+    where = "stdout" if to_stdout(output) else output
+    say(f"merged {len(traces)} shard trace(s), {len(merged.records)} prompts, into {where}")
     if kept is not None:
-        print(f"the file it replaced is kept as {kept}", file=sys.stderr)
+        say(f"the file it replaced is kept as {kept}")
     return 0
 
 
@@ -69,7 +74,7 @@ def register(app: typer.Typer) -> None:
         shards: Annotated[
             list[Path], typer.Argument(help="Shard traces written by `gate run --shard K/N` (all N of them).")
         ],
-        output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the merged trace.")],
+        output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the merged trace (- for stdout).")],
         pin_model: Annotated[
             str | None,
             typer.Option("--pin-model", help="Check the shards cover exactly this model's pinned suite, in its order."),
@@ -78,10 +83,7 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--expect-ids-from", help="Check the shards cover exactly this oracle trace's prompts."),
         ] = None,
-        pins_dir: Annotated[
-            Path | None,
-            typer.Option("--pins-dir", help="Where pins live (default: $GATE_PINS_DIR, else ./oracle_pins)."),
-        ] = None,
+        pins_dir: options.PinsDir = None,
         force: Annotated[
             bool, typer.Option("--force", help="Replace --output if it exists, keeping a backup of it.")
         ] = False,

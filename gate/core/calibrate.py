@@ -232,6 +232,10 @@ class Calibration:
     def top1_agreement(self) -> float | None:
         return self.top1_agreed / self.top1_compared if self.top1_compared else None
 
+    @property
+    def summary(self) -> str:
+        return f"recommended doctrine: {self.recommendation.flags}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "gate_calibration": CALIBRATION_VERSION,

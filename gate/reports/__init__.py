@@ -1,21 +1,71 @@
-"""Renderers: pure functions `GateResult -> str`. Formats load lazily."""
+"""Renderers: pure functions `result -> str`, one registry keyed by result type and format.
+
+Every command's report goes through `render` (text for a file or a pipe) or `print_rich`
+(colour at the terminal's width); modules load lazily, so `gate --help` imports none.
+A new format is one line in `RENDERERS`; a new result type, one line per format it has.
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-from gate.core.adjudicate import GateResult
+from gate.errors import InputError
 
-_RENDERERS = {
-    "json": "gate.reports.json_report:render_json",
-    "markdown": "gate.reports.markdown:render_markdown",
-    "junit": "gate.reports.junit:render_junit",
-    "rich": "gate.reports.terminal:render_text",
-    "html": "gate.reports.html:render_html",
+# (result type, format) -> "module:function" giving the report as text.
+RENDERERS: dict[tuple[str, str], str] = {
+    ("GateResult", "rich"): "gate.reports.terminal:render_text",
+    ("GateResult", "json"): "gate.reports.json_report:render_json",
+    ("GateResult", "markdown"): "gate.reports.markdown:render_markdown",
+    ("GateResult", "junit"): "gate.reports.junit:render_junit",
+    ("GateResult", "html"): "gate.reports.html:render_html",
+    ("GoldensResult", "rich"): "gate.reports.goldens:render_goldens_text",
+    ("GoldensResult", "json"): "gate.reports.goldens:render_goldens_json",
+    ("GoldensResult", "markdown"): "gate.reports.goldens:render_goldens_markdown",
+    ("Calibration", "rich"): "gate.reports.calibrate:render_calibration_text",
+    ("Calibration", "json"): "gate.reports.calibrate:render_calibration_json",
+    ("SelfTestResult", "rich"): "gate.reports.selftest:render_selftest_text",
+    ("SelfTestResult", "json"): "gate.reports.selftest:render_selftest_json",
+}
+
+# Result type -> "module:function(result, console)" drawing the rich report on a terminal.
+TERMINAL: dict[str, str] = {
+    "GateResult": "gate.reports.terminal:print_report",
+    "GoldensResult": "gate.reports.goldens:print_goldens",
+    "Calibration": "gate.reports.calibrate:print_calibration",
+    "SelfTestResult": "gate.reports.selftest:print_selftest",
 }
 
 
-def render(result: GateResult, fmt: str) -> str:
-    module, _, func = _RENDERERS[fmt].partition(":")
-    fn = getattr(importlib.import_module(module), func)
-    return str(fn(result))
+def formats(kind: str) -> tuple[str, ...]:
+    """The formats a result type renders to, in the registry's order."""
+    return tuple(f for k, f in RENDERERS if k == kind)
+
+
+def check_format(kind: str, fmt: str | None) -> str:
+    """`fmt` (default rich) if `kind` renders to it, else an input error listing the formats."""
+    fmt = fmt or "rich"
+    known = formats(kind)
+    if fmt not in known:
+        raise InputError(f"--format {fmt!r}: expected one of {', '.join(known)}")
+    return fmt
+
+
+def _load(target: str) -> Any:
+    module, _, func = target.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def render(result: Any, fmt: str) -> str:
+    """`result` as text in `fmt`."""
+    kind = type(result).__name__
+    return str(_load(RENDERERS[kind, check_format(kind, fmt)])(result))
+
+
+def has_format(result: Any, fmt: str) -> bool:
+    return (type(result).__name__, fmt) in RENDERERS
+
+
+def print_rich(result: Any, console: Any) -> None:
+    """Draw `result`'s rich report on `console` (a terminal: colour, its width)."""
+    _load(TERMINAL[type(result).__name__])(result, console)

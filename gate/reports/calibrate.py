@@ -115,6 +115,10 @@ def calibration_renderable(cal: Calibration) -> RenderableType:
     return Group(*parts)
 
 
+def print_calibration(cal: Calibration, console: Console) -> None:
+    console.print(calibration_renderable(cal))
+
+
 def render_calibration_text(cal: Calibration, width: int = 110) -> str:
     """The rich report as plain text (no colour), for files and tests."""
     buf = io.StringIO()

@@ -1,6 +1,7 @@
 """Renderers for `gate goldens check`: pure functions of a `GoldensResult`.
 
-`render_goldens(result, fmt)` gives JSON, Markdown or the rich report as plain text;
+`render_goldens_json`, `render_goldens_markdown` and `render_goldens_text` (the rich report
+as plain text) are the formats of `gate.reports.RENDERERS`;
 `print_goldens(result, console)` prints the rich report. Wording and number formats are
 the core reports' (`gate.reports._common`), so a tie reads the same in every report.
 """
@@ -27,14 +28,6 @@ VERDICT_STYLES = {"unchanged": "bold green", "accepted": "bold cyan", "moved": "
 VERDICT_ICONS = {"unchanged": "✅", "accepted": "☑️", "moved": "❌"}
 # Past this many moves the rich report lists the rest without their reasons.
 MAX_REASONS = 40
-
-
-def render_goldens(result: GoldensResult, fmt: str) -> str:
-    if fmt == "json":
-        return render_goldens_json(result)
-    if fmt == "markdown":
-        return render_goldens_markdown(result)
-    return render_goldens_text(result)
 
 
 # --------------------------------------------------------------------------- shared wording

@@ -69,6 +69,10 @@ def _doctrine(result: SelfTestResult) -> str:
     return out
 
 
+def print_selftest(result: SelfTestResult, console: Console) -> None:
+    console.print(selftest_renderable(result))
+
+
 def render_selftest_text(result: SelfTestResult, width: int = 120) -> str:
     buf = io.StringIO()
     Console(file=buf, width=width, color_system=None, highlight=False, soft_wrap=False).print(

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
 from gate.core.trace import PromptRecord, TopList, Trace, TraceError, check_top_logprobs
 from gate.errors import EngineError, GateError
+from gate.workflows.guard import EngineTimeout
 from gate.workflows.progress import QUIET, Progress
 
 T = TypeVar("T")
@@ -40,12 +41,18 @@ def engine_call(engine: Engine | str, what: str, fn: Callable[[], T]) -> T:
 
 @contextmanager
 def open_engine(load: Callable[[], Engine], name: str) -> Iterator[Engine]:
-    """The engine `load()` builds, closed when the block ends (however it ends)."""
+    """The engine `load()` builds, closed when the block ends, unless a call timed out:
+    the engine is then still busy in an abandoned thread, and closing it could hang too."""
     engine = engine_call(name, "load", load)
+    hung = False
     try:
         yield engine
+    except EngineTimeout:
+        hung = True
+        raise
     finally:
-        engine_call(name, "close", engine.close)
+        if not hung:
+            engine_call(name, "close", engine.close)
 
 
 def batch_size_for(engine: Engine, prompts: int) -> int:

@@ -1,0 +1,103 @@
+"""The one output sink of every command.
+
+The rule, the same for all:
+- stdout carries the data and nothing else: the report (or the trace, the prompts, the
+  pin's JSON), unless `--output FILE` takes it (`-o -` means stdout).
+- stderr carries everything addressed to a person: progress, notes, warnings, errors,
+  and the summary line whenever the person would not otherwise see it: the report went
+  to a file, or it is in a machine format after a run that drove an engine (its progress
+  is on stderr anyway). A command that only reads files and prints its report on stdout
+  prints nothing else, so `gate compare ... --format json 2>&1 | jq` parses: the report
+  carries the summary itself.
+- In a GitHub Actions job (`GITHUB_STEP_SUMMARY` set) the Markdown report, where the
+  result has one, is appended to the job summary once, here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gate.core.atomic import atomic_write
+from gate.errors import InputError
+
+STDOUT = Path("-")
+
+
+def to_stdout(output: Path | None) -> bool:
+    return output is None or output == STDOUT
+
+
+def say(*lines: str) -> None:
+    """Lines for the person watching: stderr."""
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def refuse_overwrite(
+    force: bool,
+    *targets: tuple[Path | None, str],
+    message: str = "{flag}{path}: already exists; pass --force to replace it",
+    error: type[InputError] = InputError,
+) -> None:
+    """Refuse, before any work, to replace a file the command would write (unless --force).
+
+    `targets` are (path, flag) pairs; `message` may name `{flag}` and `{path}`."""
+    if force:
+        return
+    for path, flag in targets:
+        if path is not None and not to_stdout(path) and path.exists():
+            raise error(message.format(flag=f"{flag} " if flag else "", path=path))
+
+
+def write_data(data: bytes, output: Path | None, *, force: bool = False, backup: bool = False) -> Path | None:
+    """Data to `output` atomically (returns the backup kept, if any), or to stdout."""
+    if to_stdout(output):
+        buffer = getattr(sys.stdout, "buffer", None)
+        if buffer is None:  # a text stream standing in for stdout (a test's StringIO)
+            sys.stdout.write(data.decode("utf-8"))
+        else:
+            sys.stdout.flush()
+            buffer.write(data)
+        sys.stdout.flush()
+        return None
+    assert output is not None
+    return atomic_write(output, data, overwrite=force, backup=backup)
+
+
+def emit(result: Any, fmt: str, output: Path | None = None, *, force: bool = False, engine_ran: bool = False) -> None:
+    """Render `result` in `fmt` and send it where the rule above says."""
+    from gate.reports import print_rich, render
+
+    if fmt == "rich" and to_stdout(output) and sys.stdout.isatty():
+        from rich.console import Console
+
+        print_rich(result, Console(highlight=False, soft_wrap=False))
+    else:  # a file or a pipe: fixed width, no colour codes
+        text = render(result, fmt)
+        if not text.endswith("\n") and to_stdout(output):
+            text += "\n"
+        write_data(text.encode("utf-8"), output, force=force)
+    if not to_stdout(output):
+        say(result.summary, f"report written to {output}")
+    elif fmt != "rich" and engine_ran:
+        say(result.summary)
+    append_step_summary(result)
+
+
+def append_step_summary(result: Any) -> None:
+    """In a GitHub Actions job, append the Markdown report to the job summary, whatever the
+    format asked for. A summary that cannot be written is a warning: it must not change
+    the verdict or the exit code."""
+    from gate.reports import has_format, render
+
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target or not has_format(result, "markdown"):
+        return
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(render(result, "markdown") + "\n")
+    except OSError as exc:
+        say(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}")
