@@ -163,21 +163,22 @@ def test_stale_temporaries_are_cleaned_live_ones_kept(tmp_path: Path) -> None:
     import fcntl
 
     target = tmp_path / "pin.jsonl"
-    stale = tmp_path / ".pin.jsonl.dead01.tmp"
-    live = tmp_path / ".pin.jsonl.live01.tmp"
-    other = tmp_path / ".other.jsonl.dead02.tmp"
-    lookalike = tmp_path / "pin.jsonl.dead03.tmp"
-    for p in (stale, live, other, lookalike):
+    stale = tmp_path / ".pin.jsonl.dead01dead01.tmp"
+    live = tmp_path / ".pin.jsonl.11fe11fe11fe.tmp"
+    other = tmp_path / ".other.jsonl.dead02dead02.tmp"  # another target's leftover: gate's too
+    lookalike = tmp_path / "pin.jsonl.dead03dead03.tmp"
+    not_ours = tmp_path / ".pin.jsonl.dead04.tmp"
+    for p in (stale, live, other, lookalike, not_ours):
         p.write_bytes(b"partial")
     fd = os.open(live, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as a writer in another process holds its own
         atomic_write(target, NEW)
-        assert not stale.exists()
+        assert not stale.exists() and not other.exists()
         assert live.exists(), "a live writer's temporary file was removed under it"
     finally:
         os.close(fd)
-    assert other.exists() and lookalike.exists(), "only the target's own temporaries are touched"
+    assert lookalike.exists() and not_ours.exists(), "only names of gate's own shape are touched"
     assert clean_stale_temps(target) == [live]
 
 

@@ -270,7 +270,7 @@ def _cand(fn: Callable[[Lines], object]) -> Callable[[], bytes]:
 
 CANDIDATE_CASES: list[tuple[str, Callable[[], bytes], tuple[str, ...]]] = [
     ("oracle-given-as-candidate", lambda: encode(oracle_lines()),
-     ("candidate.jsonl:1", "field 'role'", "expected an candidate")),
+     ("candidate.jsonl:1", "field 'role'", "expected a candidate")),
     ("forced-negative", _cand(lambda ls: ls[1].update(forced_token_ids=[-1, 6])),
      ("candidate.jsonl:2", "field 'forced_token_ids[0]'", "negative")),
     ("candidate-top-unsorted", _cand(lambda ls: ls[1].update(top_logprobs=[[[5, -2.0], [7, -1.0]], []])),

@@ -9,8 +9,8 @@ leaves either the old file or the new one, never a mix.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 
 from gate.errors import InputError
+
+# The temporary files this module names: `.NAME.<12 hex digits>.tmp` (`_create_temp`, and
+# `_keep_backup`'s copy). Only files of exactly this shape are ever cleaned up.
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
 
 
 def atomic_write(
@@ -33,7 +37,8 @@ def atomic_write(
     replaces is kept beside it as `NAME.bak-YYYYmmdd-HHMMSS` (`-N` added when that name
     is taken: an earlier backup is never overwritten) and that path is returned. Without
     `overwrite`, a file that appears at `path` while this writes is not replaced either.
-    Temporary files (`.NAME.*.tmp`) that killed writers left behind are removed first.
+    Temporary files (`.NAME.<12 hex>.tmp`) that killed writers left in the folder are
+    removed first.
     """
     target = Path(path)
     if target.is_dir():
@@ -75,7 +80,11 @@ def atomic_write(
 
 
 def clean_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
-    """Remove `.NAME.*.tmp` files a killed writer of `target` left behind; return them.
+    """Remove the temporary files killed writers left in `target`'s folder; return them.
+
+    Any target's, not only `target`'s: a killed write of a report whose name is never
+    written again would otherwise keep its full-size temporary file for good. Only names
+    of this module's own shape (`.NAME.<12 hex>.tmp`) are considered.
 
     A live writer holds an exclusive lock on its temporary file until the rename, and the
     kernel drops the lock when a process dies (SIGKILL included), so a temporary file
@@ -89,7 +98,9 @@ def clean_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
         return []
     target = Path(target)
     removed: list[Path] = []
-    for tmp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+    for tmp in target.parent.glob(".*.tmp"):
+        if not _TEMP_NAME.fullmatch(tmp.name):
+            continue
         try:
             fd = os.open(tmp, os.O_RDONLY)
         except OSError:

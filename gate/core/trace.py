@@ -209,7 +209,7 @@ def _read_trace(name: str, role: str | None) -> Trace:
         if header is None:
             header = _parse_header(name, lineno, _loads(name, lineno, raw))
             if role is not None and header.role != role:
-                raise TraceError(name, lineno, "role", f"expected an {role} trace, found {header.role!r}")
+                raise TraceError(name, lineno, "role", f"expected {_article(role)} {role} trace, found {header.role!r}")
             continue
         rec = _parse_record(name, lineno, _loads(name, lineno, raw), header)
         if rec.id in seen:
@@ -219,6 +219,10 @@ def _read_trace(name: str, role: str | None) -> Trace:
     if header is None:
         raise TraceError(name, None, None, "empty file: a trace needs a header line")
     return Trace(header=header, records=tuple(records), path=name)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def _open(name: str) -> io.FileIO:

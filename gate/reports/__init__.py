@@ -44,7 +44,7 @@ def formats(kind: str) -> tuple[str, ...]:
 
 def check_format(kind: str, fmt: str | None) -> str:
     """`fmt` (default rich) if `kind` renders to it, else an input error listing the formats."""
-    fmt = fmt or "rich"
+    fmt = "rich" if fmt is None else fmt  # "" is a bad value, not the default
     known = formats(kind)
     if fmt not in known:
         raise InputError(f"--format {fmt!r}: expected one of {', '.join(known)}")

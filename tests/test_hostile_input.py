@@ -1,0 +1,85 @@
+"""Issue 11: contradictory or hostile input never passes, and the CLI's edges.
+
+Each test here failed before its fix (RED first). Traces are the valid pair of
+test_bad_input with one thing changed; the command runs through the real `main()`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_bad_input import ORACLE_HEADER, assert_input_error, candidate_lines, encode, gate, oracle_lines
+
+Files = Callable[..., tuple[Path, Path]]
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Files:
+    def write(oracle: Any = None, candidate: Any = None) -> tuple[Path, Path]:
+        o, c = tmp_path / "oracle.jsonl", tmp_path / "candidate.jsonl"
+        o.write_bytes(encode(oracle_lines() if oracle is None else oracle) if not isinstance(oracle, bytes) else oracle)
+        c.write_bytes(
+            encode(candidate_lines() if candidate is None else candidate) if not isinstance(candidate, bytes) else candidate
+        )
+        return o, c
+
+    return write
+
+
+def compare(o: Path, c: Path, *extra: str) -> tuple[int, str, str]:
+    return gate(["compare", str(o), str(c), "--format", "json", *extra])
+
+
+# --------------------------------------------------------------------------- 13: small things
+
+
+def test_an_empty_format_is_refused_not_taken_as_rich(files: Files) -> None:
+    o, c = files()
+    code, _, err = gate(["compare", str(o), str(c), "--format", ""])
+    assert_input_error(code, err, "--format ''")
+
+
+def test_the_role_message_reads_a_candidate(files: Files) -> None:
+    o, _ = files()
+    code, _, err = gate(["compare", str(o), str(o)])
+    assert_input_error(code, err, "expected a candidate trace")
+    assert "an candidate" not in err
+
+
+def test_a_killed_writer_s_temp_file_goes_at_the_next_write_in_its_folder(tmp_path: Path) -> None:
+    from gate.core.atomic import atomic_write
+
+    # What a SIGKILLed write of report.json leaves: its full-size temp file, unlocked.
+    stale = tmp_path / ".report.json.0123456789ab.tmp"
+    stale.write_bytes(b"x" * 4096)
+    other_tool = tmp_path / ".report.json.not-ours.tmp"  # not gate's naming: left alone
+    other_tool.write_bytes(b"y")
+    atomic_write(tmp_path / "other.md", b"hello")  # another target in the same folder
+    assert not stale.exists()
+    assert other_tool.exists()
+
+
+# --------------------------------------------------------------------------- 3: nothing to compare
+
+
+def test_two_header_only_traces_are_an_input_error(files: Files) -> None:
+    o, c = files(oracle_lines()[:1], candidate_lines()[:1])
+    code, out, err = compare(o, c)
+    assert_input_error(code, err, "nothing to compare", str(o))
+    assert out == ""
+
+
+def test_an_oracle_whose_every_continuation_is_empty_is_an_input_error(files: Files) -> None:
+    oracle = oracle_lines()
+    for rec in oracle[1:]:
+        rec["token_ids"], rec["top_logprobs"] = [], []
+    cand = candidate_lines()
+    for rec in cand[1:]:
+        rec["token_ids"] = []
+    o, c = files(oracle, cand)
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, "nothing to compare", "empty")
