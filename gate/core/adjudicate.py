@@ -335,6 +335,8 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
     if extra:
         raise InputError(f"{candidate.path}: prompt(s) {_few(extra)} are not in the oracle {oracle.path}")
 
+    _check_something_to_compare(oracle, candidate)
+
     prompts: list[PromptResult] = []
     divergences: list[Divergence] = []
     for o in oracle.records:
@@ -349,6 +351,19 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         oracle_engine=str(oracle.header.engine.get("name", "")),
         candidate_engine=str(candidate.header.engine.get("name", "")),
     )
+
+
+def _check_something_to_compare(oracle: Trace, candidate: Trace) -> None:
+    """A run with no oracle position is no evidence of anything: an input error, never a pass."""
+    if not oracle.records:
+        raise InputError(
+            f"{oracle.path}: no prompts (a header only): nothing to compare with {candidate.path}"
+        )
+    if not any(r.token_ids for r in oracle.records):
+        raise InputError(
+            f"{oracle.path}: every continuation is empty ({len(oracle.records)} prompt(s), 0 positions): "
+            "nothing to compare"
+        )
 
 
 def oracle_dtype(trace: Trace) -> str:
