@@ -83,3 +83,62 @@ def test_an_oracle_whose_every_continuation_is_empty_is_an_input_error(files: Fi
     o, c = files(oracle, cand)
     code, _, err = compare(o, c)
     assert_input_error(code, err, "nothing to compare", "empty")
+
+
+# --------------------------------------------------------------------------- 2: forced data vs the free run
+
+
+def _with_forced(forced: dict[str, list[int]]) -> list[dict[str, Any]]:
+    cand = candidate_lines()
+    for rec in cand[1:]:
+        if rec["id"] in forced:
+            rec["forced_token_ids"] = forced[rec["id"]]
+    return cand
+
+
+def test_a_forced_defect_where_the_free_run_matched_fails_the_gate(files: Files) -> None:
+    import orjson
+
+    # p1's free run matches the oracle (5, 6), but teacher-forced along the very same
+    # tokens the candidate picks 7 at position 0: 2,400 mnats below the oracle's 5.
+    o, c = files(None, _with_forced({"p1": [7, 6]}))
+    for extra in ((), ("--strict",)):
+        code, out, err = compare(o, c, *extra)
+        assert code == 1, err
+        report = orjson.loads(out)
+        assert report["counts"]["defects"] == 1
+        assert report["verdict"] == "fail"
+        p1 = next(p for p in report["prompts"] if p["id"] == "p1")
+        assert p1["strict"] is False and p1["ratified"] is False
+
+
+def test_a_forced_tie_where_the_free_run_matched_is_counted_and_stays_strict(files: Files) -> None:
+    import orjson
+
+    # The decision's other half (a guard, not a RED test): a prefill and a decode step are
+    # different kernels, so a forced *tie* inside the matched prefix is honest noise. It is
+    # counted; the prompt stays strict, as the spec defines strict (its tokens match).
+    oracle = oracle_lines()
+    oracle[2]["top_logprobs"][0] = [[7, -0.5], [9, -0.5], [4, -1.0]]  # p2 position 0: an exact tie
+    o, c = files(oracle, _with_forced({"p2": [9, 8]}))
+    code, out, err = compare(o, c, "--strict")
+    assert code == 0, err
+    report = orjson.loads(out)
+    assert report["verdict"] == "strict_pass" and report["counts"]["exact_ties"] == 1
+    p2 = next(p for p in report["prompts"] if p["id"] == "p2")
+    assert p2["forced_disagrees_with_free_run"] == 1
+
+
+def test_a_forced_defect_at_the_first_divergence_is_not_hidden_by_a_free_run_tie(files: Files) -> None:
+    import orjson
+
+    oracle = oracle_lines()
+    oracle[2]["top_logprobs"][0] = [[7, -0.5], [9, -0.5], [4, -1.0]]  # p2 position 0: an exact tie
+    cand = candidate_lines()
+    cand[2]["token_ids"] = [9, 8]  # the free run takes the tie's other token ...
+    cand[2]["forced_token_ids"] = [4, 8]  # ... forced decoding in the same context a 500-mnat defect
+    o, c = files(oracle, cand)
+    code, out, err = compare(o, c)
+    assert code == 1, err
+    (div,) = orjson.loads(out)["divergences"]
+    assert (div["position"], div["class"], div["candidate_token"]) == (0, "defect", 4)

@@ -20,6 +20,7 @@ EXACT_TIE = "exact_tie"
 NEAR_TIE = "near_tie"
 DEFECT = "defect"
 CLASSES = (EXACT_TIE, NEAR_TIE, DEFECT)
+_SEVERITY = {EXACT_TIE: 0, NEAR_TIE: 1, DEFECT: 2}
 
 FREE_RUN = "free_run"
 FORCED = "forced"
@@ -112,6 +113,9 @@ class PromptResult:
     # One OUTCOME_* character per oracle position (what a report colours): match, exact
     # tie, near tie, defect or unadjudicated. Empty when built without it.
     outcomes: str = ""
+    # Positions where forced decoding, in the context of the candidate's own free run
+    # (the matched prefix and the first divergence), chose another token than that run.
+    forced_disagrees_with_free_run: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,7 @@ class PromptResult:
             "unadjudicated_positions": self.unadjudicated,
             "extra_candidate_tokens": self.extra_candidate_tokens,
             "outcomes": self.outcomes,
+            "forced_disagrees_with_free_run": self.forced_disagrees_with_free_run,
         }
 
 
@@ -451,6 +456,7 @@ def compare_prompt(
         return vocab_cache[0]
 
     divs: dict[int, Divergence] = {}
+    self_contradictions = 0
     if first is not None:
         divs[first] = make(first, FREE_RUN, ct[first] if first < len(ct) else None)
     forced = c.forced_token_ids
@@ -464,8 +470,26 @@ def compare_prompt(
         if forced != ot:
             mode = forced_mode if isinstance(forced_mode, str) else None
             for i in range(n):
-                if forced[i] != ot[i] and i not in divs:
+                if forced[i] == ot[i]:
+                    continue
+                if i not in divs:
                     divs[i] = make(i, FORCED, forced[i], mode)
+                elif i < len(ct) and forced[i] != ct[i]:
+                    # At the first divergence both runs saw the same context, yet chose
+                    # differently: keep the worse of the two, so neither hides a defect.
+                    other = make(i, FORCED, forced[i], mode)
+                    if _SEVERITY[other.cls] > _SEVERITY[divs[i].cls]:
+                        divs[i] = other
+            # Up to the first divergence the oracle's prefix is the candidate's own free
+            # run, so forced decoding should reproduce it. Where it does not, the engine's
+            # forced path (a prefill, say) and its free run differ: classified like any
+            # forced divergence. A tie there is honest kernel noise; a defect means the
+            # engine is not deterministic or the file is inconsistent, and it fails the
+            # prompt (below): a report never counts a defect and passes.
+            self_contradictions = sum(
+                1 for i in range(min(n, len(ct)) if first is None else first + 1)
+                if i < len(ct) and forced[i] != ct[i]
+            )
         unadjudicated = 0
         outcomes = OUTCOME_MATCH * n
     elif first is not None:
@@ -481,8 +505,10 @@ def compare_prompt(
         outcomes = "".join(chars)
 
     ordered = [divs[i] for i in sorted(divs)]
-    strict = first is None
-    ratified = strict or all(d.cls != DEFECT for d in ordered)
+    ratified = all(d.cls != DEFECT for d in ordered)
+    # Strict: the free run matches, and no defect was counted (forced data can find one
+    # even where the free run matched: see above).
+    strict = first is None and ratified
     return (
         PromptResult(
             id=o.id,
@@ -495,6 +521,7 @@ def compare_prompt(
             extra_candidate_tokens=max(0, len(ct) - n),
             prompt=o.prompt if o.prompt is not None else c.prompt,
             outcomes=outcomes,
+            forced_disagrees_with_free_run=self_contradictions,
         ),
         ordered,
     )
