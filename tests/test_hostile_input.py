@@ -142,3 +142,49 @@ def test_a_forced_defect_at_the_first_divergence_is_not_hidden_by_a_free_run_tie
     assert code == 1, err
     (div,) = orjson.loads(out)["divergences"]
     assert (div["position"], div["class"], div["candidate_token"]) == (0, "defect", 4)
+
+
+# --------------------------------------------------------------------------- 1: token_logits
+
+
+def _oracle_with_logits(logits: dict[str, Any]) -> list[dict[str, Any]]:
+    oracle = oracle_lines()
+    for rec in oracle[1:]:
+        if rec["id"] in logits:
+            rec["token_logits"] = logits[rec["id"]]
+    return oracle
+
+
+@pytest.mark.parametrize(
+    ("logits", "needle"),
+    [
+        ([1e30, 20.0], "token_logits[0]"),
+        ([20.0, -5000.0], "token_logits[1]"),
+        ([20.0, "20"], "token_logits[1]"),
+        ([20.0, True], "token_logits[1]"),
+        ([20.0], "token_logits"),  # one logit for two positions
+        ("20.0", "token_logits"),
+    ],
+    ids=["astronomic", "huge-negative", "string", "bool", "short", "not-a-list"],
+)
+def test_implausible_or_inconsistent_token_logits_are_refused(files: Files, logits: Any, needle: str) -> None:
+    o, c = files(_oracle_with_logits({"p1": logits}))
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, "oracle.jsonl:2", needle)
+
+
+def test_a_plausible_logit_never_widens_a_grid_step_past_the_cap(files: Files) -> None:
+    # A tampered logit within the readable range (500) would make one bf16 step 2 nats;
+    # with --near-tie-ulps 2 the rank-2 candidate 2,400 mnats down would be a "near tie".
+    cand = candidate_lines()
+    cand[1]["token_ids"] = [7, 6]
+    o, c = files(_oracle_with_logits({"p1": [500.0, 20.0]}), cand)
+    code, out, err = compare(o, c, "--near-tie-ulps", "2")
+    assert code == 1, out + err
+
+
+def test_the_grid_step_is_capped() -> None:
+    from gate.core.adjudicate import MAX_GRID_LOGIT, grid_step
+
+    assert grid_step(MAX_GRID_LOGIT * 8, "bfloat16") == grid_step(MAX_GRID_LOGIT * 0.99, "bfloat16") == 0.5
+    assert grid_step(1e30, "float16") == 2.0**-4

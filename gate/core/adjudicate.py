@@ -222,12 +222,21 @@ _GRIDS: dict[str, tuple[int, int]] = {
 }
 
 
+# The widest grid step the ULP doctrine takes: that of |logit| in [64, 128) (bf16 0.5 nats,
+# fp16 2**-4, fp32 2**-17). Logits are shift-invariant, so nothing in the logprobs can prove
+# a recorded logit false; this cap bounds what a tampered (or unusual) one can ratify. A
+# model whose top logit really is >= 128 gets a step under-estimated: stricter, never laxer.
+MAX_GRID_LOGIT = 128.0
+_MAX_GRID_EXP = 6  # frexp exponent - 1 of the binade [64, 128)
+
+
 def grid_step(value: float, dtype: str = "bfloat16") -> float:
     """One step (ULP) of `dtype`'s grid at |value|, in nats.
 
     bf16 keeps 8 significant bits: at |logit| in [16, 32) a step is 2**-3 = 0.125 nats, and
     a power of two belongs to the binade above it (16.0 has the step of [16, 32)). Below the
-    smallest normal number the step stays that of the subnormals.
+    smallest normal number (and for a value that is not finite) the step stays that of the
+    subnormals; at |value| >= MAX_GRID_LOGIT it is that of [64, 128).
     """
     grid = _GRIDS.get(dtype.removeprefix("torch."))
     if grid is None:
@@ -236,6 +245,8 @@ def grid_step(value: float, dtype: str = "bfloat16") -> float:
     mag = abs(value)
     if mag == 0.0 or not math.isfinite(mag):
         return 2.0 ** (emin - bits)
+    if mag >= MAX_GRID_LOGIT:
+        return 2.0 ** (_MAX_GRID_EXP - bits)
     _, exp = math.frexp(mag)  # mag = m * 2**exp with m in [0.5, 1)
     return 2.0 ** (max(exp - 1, emin) - bits)
 

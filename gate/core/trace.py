@@ -54,6 +54,11 @@ _STR = frozenset({str})
 _INT = frozenset({int})
 _NUM = frozenset({int, float})
 _MAX_FLOAT_INT = int(1.7976931348623157e308)
+# `token_logits` (beyond v1: the chosen token's raw logit per position) fixes the size of a
+# grid step for the ULP doctrine, so a tampered one could widen a step at will. No trained
+# model's logits come near this magnitude (top logits sit at 10-60; GPT-2's most negative
+# at about -150); a larger one is refused. The step itself is capped lower, in adjudicate.
+MAX_ABS_LOGIT = 1024.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,6 +415,8 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
             raise TraceError(name, lineno, "tokens", "must be a list of strings")
         if len(tokens) != len(token_ids):
             raise TraceError(name, lineno, "tokens", f"has {len(tokens)} entries for {len(token_ids)} token ids")
+    if "token_logits" in obj:
+        _check_token_logits(name, lineno, obj["token_logits"], token_ids)
     forced = obj.get("forced_token_ids")
     forced_ids: tuple[int, ...] | None = None
     if forced is not None:
@@ -428,6 +435,40 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
         forced_token_ids=forced_ids,
         extra=extra,
     )
+
+
+def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[int]) -> None:
+    """`token_logits`: one finite, plausible number per generated token.
+
+    With the position's logprob lp it implies the log-normaliser Z = logit - lp, which is
+    >= the logit because lp <= 0 (checked with the lists); what remains to check is the
+    logit itself: a number, finite, and |logit| <= MAX_ABS_LOGIT.
+    """
+    fld = "token_logits"
+    if not isinstance(value, list):
+        raise TraceError(name, lineno, fld, f"must be a list of numbers (one logit per token), found {type(value).__name__}")
+    if len(value) != len(token_ids):
+        raise TraceError(name, lineno, fld, f"has {len(value)} logits for {len(token_ids)} generated tokens")
+    if not value:
+        return
+    if set(map(type, value)) <= _NUM:
+        try:
+            if max(map(abs, value)) <= MAX_ABS_LOGIT:
+                return
+        except OverflowError:  # an integer past float's range
+            pass
+    for i, v in enumerate(value):
+        where = f"{fld}[{i}]"
+        if not _is_num(v):
+            raise TraceError(name, lineno, where, f"a logit must be a number, found {v!r}")
+        if type(v) is int and abs(v) > _MAX_FLOAT_INT:
+            raise TraceError(name, lineno, where, f"logit {v} is out of range")
+        if not math.isfinite(v) or abs(v) > MAX_ABS_LOGIT:
+            raise TraceError(
+                name, lineno, where,
+                f"logit {v!r} is not plausible: |logit| must be at most {MAX_ABS_LOGIT:g} (it sizes the "
+                "dtype's grid step for --near-tie-ulps; a tampered one would ratify any gap)",
+            )
 
 
 def check_top_logprobs(
