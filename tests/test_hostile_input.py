@@ -188,3 +188,85 @@ def test_the_grid_step_is_capped() -> None:
 
     assert grid_step(MAX_GRID_LOGIT * 8, "bfloat16") == grid_step(MAX_GRID_LOGIT * 0.99, "bfloat16") == 0.5
     assert grid_step(1e30, "float16") == 2.0**-4
+
+
+# --------------------------------------------------------------------------- 5: headers and lists that disagree
+
+
+def test_lists_longer_than_the_header_s_top_k_are_refused(files: Files) -> None:
+    oracle = oracle_lines()
+    oracle[0]["top_k"] = 2  # the lists hold 3
+    o, c = files(oracle)
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, "oracle.jsonl:2", "top_logprobs[0]", "top_k")
+
+
+def test_a_candidate_list_may_add_its_chosen_token_beyond_top_k(files: Files) -> None:
+    # vLLM lists the top-k plus the chosen token when that falls outside them: k + 1 is fine
+    # for a candidate (a guard for the check above), k + 2 is not.
+    cand = candidate_lines()
+    cand[0]["top_k"] = 1
+    cand[1]["top_logprobs"] = [[[5, -0.1], [7, -2.5]], [[6, -0.25], [5, -1.5]]]
+    o, c = files(None, cand)
+    assert compare(o, c)[0] == 0
+    cand[1]["top_logprobs"][1].append([8, -4.0])
+    o, c = files(None, cand)
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, "candidate.jsonl:2", "top_logprobs[1]", "top_k")
+
+
+def test_a_candidate_with_top_k_0_but_lists_is_refused(files: Files) -> None:
+    cand = candidate_lines()
+    cand[1]["top_logprobs"] = [[[5, -0.1]], [[6, -0.25]]]
+    o, c = files(None, cand)
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, "candidate.jsonl:2", "top_logprobs", "top_k")
+
+
+@pytest.mark.parametrize("role", ["oracle", "candidate"])
+def test_top_k_probabilities_adding_up_to_more_than_one_are_refused(files: Files, role: str) -> None:
+    twenty = [[t, -1e-4] for t in range(20)]  # twenty tokens at probability 0.9999 each: 20
+    oracle, cand = oracle_lines(), candidate_lines()
+    if role == "oracle":
+        oracle[0]["top_k"] = 20
+        oracle[1]["token_ids"], oracle[1]["top_logprobs"] = [0, 6], [twenty, [[6, -0.25], [5, -1.5]]]
+        cand[1]["token_ids"] = [0, 6]
+    else:
+        cand[0]["top_k"] = 20
+        cand[1]["top_logprobs"] = [twenty, [[6, -0.25]]]
+    o, c = files(oracle, cand)
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, f"{role}.jsonl:2", "top_logprobs[0]", "add up to")
+
+
+def test_a_float32_top_k_adding_up_to_one_is_accepted(files: Files) -> None:
+    # The default pin's lists reach 1.000000026 (float32 rounding): that must read.
+    oracle, cand = oracle_lines(), candidate_lines()
+    oracle[0]["top_k"] = 2
+    for rec in oracle[1:]:
+        rec["top_logprobs"] = [[[t, -1e-8], [99, -20.0]] for t in rec["token_ids"]]
+    o, c = files(oracle, cand)
+    assert compare(o, c)[0] == 0
+
+
+def test_different_model_names_are_a_warning_in_the_report(files: Files) -> None:
+    import orjson
+
+    cand = candidate_lines()
+    cand[0]["model"] = "org/tiny-AWQ"
+    o, c = files(None, cand)
+    code, out, err = compare(o, c)
+    assert code == 0, err
+    (warning,) = orjson.loads(out)["warnings"]
+    assert "org/tiny-AWQ" in warning and "org/tiny" in warning
+    code, out, err = gate(["compare", str(o), str(c), "--format", "markdown"])
+    assert "org/tiny-AWQ" in out
+
+
+def test_different_tokenizers_are_an_input_error(files: Files) -> None:
+    oracle, cand = oracle_lines(), candidate_lines()
+    oracle[0]["tokenizer_sha256"] = "a" * 64
+    cand[0]["engine"]["tokenizer_sha256"] = "b" * 64
+    o, c = files(oracle, cand)
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, "tokenizer_sha256", "a" * 12, "b" * 12)

@@ -204,6 +204,7 @@ def test_blank_lines_keep_line_numbers(tmp_path: Path) -> None:
 def test_candidate_may_have_unsorted_free_top_lists_but_not_bad_ones(tmp_path: Path) -> None:
     # A candidate's own top lists are optional and need not contain its token, but must be well-formed.
     lines: list[Any] = good_candidate()
+    lines[0]["top_k"] = 2  # a candidate with lists says how many it keeps (0 means none)
     lines[2]["top_logprobs"] = [[[9, -0.1]], [[3, -0.2], [4, -0.3]]]  # ragged k, chosen tokens absent: fine
     read_trace(write_lines(tmp_path / "c.jsonl", lines))
     lines[2]["top_logprobs"] = [[[9, -0.1]], [[3, -0.3], [4, -0.2]]]

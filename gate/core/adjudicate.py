@@ -141,6 +141,9 @@ class GateResult:
     oracle_engine: str = ""
     candidate_engine: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    # What the inputs say that a person should know but that does not decide the verdict
+    # (the two headers name different models, say). Shown in every report.
+    warnings: tuple[str, ...] = ()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -189,6 +192,7 @@ class GateResult:
             "model": self.model,
             "oracle_engine": self.oracle_engine,
             "candidate_engine": self.candidate_engine,
+            "warnings": list(self.warnings),
         }
 
 
@@ -352,6 +356,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         raise InputError(f"{candidate.path}: prompt(s) {_few(extra)} are not in the oracle {oracle.path}")
 
     _check_something_to_compare(oracle, candidate)
+    warnings = _header_warnings(oracle, candidate)
 
     prompts: list[PromptResult] = []
     divergences: list[Divergence] = []
@@ -366,7 +371,33 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         model=oracle.header.model,
         oracle_engine=str(oracle.header.engine.get("name", "")),
         candidate_engine=str(candidate.header.engine.get("name", "")),
+        warnings=warnings,
     )
+
+
+def _tokenizer_hash(trace: Trace) -> str | None:
+    for source in (trace.header.extra, trace.header.engine):
+        value = source.get("tokenizer_sha256")
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _header_warnings(oracle: Trace, candidate: Trace) -> tuple[str, ...]:
+    """Refuse headers whose tokens cannot be one model's; warn where they merely differ."""
+    o_tok, c_tok = _tokenizer_hash(oracle), _tokenizer_hash(candidate)
+    if o_tok is not None and c_tok is not None and o_tok != c_tok:
+        raise InputError(
+            f"{candidate.path}: header field 'tokenizer_sha256' is {c_tok[:12]}..., the oracle {oracle.path} has "
+            f"{o_tok[:12]}...: different tokenizers, so the token ids cannot be compared"
+        )
+    out: list[str] = []
+    if oracle.header.model != candidate.header.model:
+        out.append(
+            f"the headers name different models: oracle {oracle.header.model!r}, candidate "
+            f"{candidate.header.model!r} (fine for a quantised or renamed copy; wrong otherwise)"
+        )
+    return tuple(out)
 
 
 def _check_something_to_compare(oracle: Trace, candidate: Trace) -> None:

@@ -59,6 +59,12 @@ _MAX_FLOAT_INT = int(1.7976931348623157e308)
 # model's logits come near this magnitude (top logits sit at 10-60; GPT-2's most negative
 # at about -150); a larger one is refused. The step itself is capped lower, in adjudicate.
 MAX_ABS_LOGIT = 1024.0
+# A top-k list is part of one softmax: its probabilities add up to at most 1 (float32
+# rounding: the default pin's lists reach 1.00000003). The spec's own seed example
+# (shared/spec/examples/seed-oracle.jsonl) reaches 5.4, so the hard limit sits above it:
+# it refuses lists that claim many near-certain tokens at once (twenty at -1e-4 add up to
+# 20), which would make any choice among them a "tie".
+MAX_TOP_MASS = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +407,10 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
             why = f"missing: an oracle record needs top-k logprobs (prompt {rid!r})"
             raise TraceError(name, lineno, "top_logprobs", why)
     else:
-        top = checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle)
+        if header.top_k == 0:
+            why = "the header's top_k is 0 (no logprobs), but this record carries top-k lists"
+            raise TraceError(name, lineno, "top_logprobs", why)
+        top = checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle, top_k=header.top_k)
 
     finish = obj.get("finish_reason")
     if finish not in FINISH_REASONS:
@@ -472,29 +481,65 @@ def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[
 
 
 def check_top_logprobs(
-    name: str, lineno: int | None, top: Any, token_ids: Sequence[int], *, oracle: bool, fld: str = "top_logprobs"
+    name: str,
+    lineno: int | None,
+    top: Any,
+    token_ids: Sequence[int],
+    *,
+    oracle: bool,
+    fld: str = "top_logprobs",
+    top_k: int | None = None,
 ) -> None:
     """Validate one record's top-k lists; raise TraceError naming the first bad element."""
-    checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle, fld=fld)
+    checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle, fld=fld, top_k=top_k)
 
 
 def checked_top_logprobs(
-    name: str, lineno: int | None, top: Any, token_ids: Sequence[int], *, oracle: bool, fld: str = "top_logprobs"
+    name: str,
+    lineno: int | None,
+    top: Any,
+    token_ids: Sequence[int],
+    *,
+    oracle: bool,
+    fld: str = "top_logprobs",
+    top_k: int | None = None,
 ) -> Sequence[TopList]:
     """Validate one record's top-k lists and return them, as a compact `TopLogprobs` when
-    every position has the same k (the rule for an oracle), else as given."""
+    every position has the same k (the rule for an oracle), else as given.
+
+    With `top_k` (the header's), a list may hold at most that many pairs; a candidate's one
+    more, the chosen token when it falls outside its top-k (vLLM lists it so)."""
     if not isinstance(top, list):
         raise TraceError(name, lineno, fld, "must be a list (one top-k list per generated position)")
     if len(top) != len(token_ids):
         raise TraceError(name, lineno, fld, f"has {len(top)} positions for {len(token_ids)} generated tokens")
     if not top:
         return top
+    if top_k is not None:
+        _check_list_lengths(name, lineno, fld, top, top_k, oracle)
     compact = _fast_top(top, token_ids, oracle)
     if compact is not None:
         return compact
     for i, pos in enumerate(top):
         _check_position(name, lineno, f"{fld}[{i}]", pos, token_ids[i], oracle)
     return top
+
+
+def _check_list_lengths(name: str, lineno: int | None, fld: str, top: list[Any], top_k: int, oracle: bool) -> None:
+    most = top_k if oracle else top_k + 1
+    if set(map(type, top)) <= _LIST and max(map(len, top)) <= most:
+        return
+    for i, pos in enumerate(top):
+        if isinstance(pos, list) and len(pos) > most:
+            beyond = "" if oracle else " (a candidate's top-k plus its chosen token)"
+            why = f"holds {len(pos)} pairs, but the header's top_k is {top_k}: at most {most}{beyond}"
+            raise TraceError(name, lineno, f"{fld}[{i}]", why)
+
+
+def _too_much_mass(name: str, lineno: int | None, fld: str, mass: float) -> TraceError:
+    why = (f"the list's probabilities add up to {mass:.6g}, more than 1 (allowed: {MAX_TOP_MASS:g} for "
+           "rounding): not one softmax's top-k")
+    return TraceError(name, lineno, fld, why)
 
 
 def _fast_top(top: list[Any], token_ids: Sequence[int], oracle: bool) -> TopLogprobs | None:
@@ -538,6 +583,8 @@ def _fast_top(top: list[Any], token_ids: Sequence[int], oracle: bool) -> TopLogp
     if k > 1:
         srt = np.sort(ids, axis=1)
         if (srt[:, 1:] == srt[:, :-1]).any():
+            return None
+        if np.exp(lps).sum(axis=1).max() > MAX_TOP_MASS:
             return None
     # The greedy choice heads its list (ties go to the lowest id, as with torch.argmax).
     if oracle:
@@ -586,6 +633,9 @@ def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: i
                 "(lists are sorted by logprob descending, then token id ascending)",
             )
         prev = (float(lp), tid)
+    mass = math.fsum(math.exp(lp) for _, lp in pos)
+    if mass > MAX_TOP_MASS:
+        raise _too_much_mass(name, lineno, fld, mass)
     if not oracle:
         return
     if chosen not in seen:

@@ -139,7 +139,9 @@ def _header(result: GateResult) -> str:
         f'<p class="summary" id="summary">{escape(result.summary)}</p>'
         f"<p>{escape(verdict_line(result))} · {escape(doctrine_line(result))}"
         + (f" · {escape(prov)}" if prov else "")
-        + f'</p></header>\n<section class="cards">{card_html}</section>'
+        + "</p>"
+        + "".join(f'<p class="note">warning: {escape(w)}</p>' for w in result.warnings)
+        + f'</header>\n<section class="cards">{card_html}</section>'
     )
 
 

@@ -72,6 +72,7 @@ def render_junit(result: GateResult) -> str:
         ("model", result.model),
         ("oracle_engine", result.oracle_engine),
         ("candidate_engine", result.candidate_engine),
+        *(("warning", w) for w in result.warnings),
     ):
         ET.SubElement(props, "property", name=key, value=xml_text(value))
     classname = xml_text(f"gate.{result.model or 'model'}")

@@ -53,6 +53,7 @@ def render_markdown(result: GateResult) -> str:
         f"{cell(verdict_line(result))} · {cell(doctrine_line(result))}"
         + (f" · {cell(provenance_line(result))}" if provenance_line(result) else ""),
         "",
+        *(f"> ⚠️ warning: {cell(w)}\n" for w in result.warnings),
     ]
     lines += _prompt_table(result)
     if result.divergences:

@@ -79,6 +79,7 @@ def report_parts(
     if prov:
         head.append(f"  {prov}", style="dim")
     parts.append(head)
+    parts.extend(Text(f"warning: {w}", style="bold yellow") for w in result.warnings)
     parts.append(Text(doctrine_line(result), style="dim"))
     parts.append(prompt_table(result, max_rows=max_prompt_rows))
     divs = list(result.divergences)
