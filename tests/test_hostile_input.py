@@ -270,3 +270,46 @@ def test_different_tokenizers_are_an_input_error(files: Files) -> None:
     o, c = files(oracle, cand)
     code, _, err = compare(o, c)
     assert_input_error(code, err, "tokenizer_sha256", "a" * 12, "b" * 12)
+
+
+# --------------------------------------------------------------------------- 4: duplicate keys
+
+
+def _lines_bytes(lines: list[dict[str, Any]], line: int, raw: bytes) -> bytes:
+    import orjson
+
+    out = [orjson.dumps(x) for x in lines]
+    out[line - 1] = raw
+    return b"\n".join(out) + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("which", "raw", "needle"),
+    [
+        ("candidate", b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[9,9],"token_ids":[5,6]}', "token_ids"),
+        ("candidate", b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids" : [9,9], "token_ids":[5,6]}', "token_ids"),
+        ("oracle", b'{"gate_trace":1,"role":"candidate","role":"oracle","model":"org/tiny","top_k":3,'
+                   b'"engine":{"name":"vllm","version":"0.11.0"}}', "role"),
+        ("oracle", b'{"gate_trace":1,"role":"oracle","model":"org/tiny","top_k":3,'
+                   b'"engine":{"name":"x","name":"vllm","version":"0.11.0"}}', "name"),
+        ("candidate", b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"meta":[{"a":1,"a":2}]}', "a"),
+    ],
+    ids=["record", "record-spaced", "header", "nested-engine", "nested-extra"],
+)
+def test_duplicate_keys_are_refused(files: Files, which: str, raw: bytes, needle: str) -> None:
+    line = 1 if raw.startswith(b'{"gate_trace"') else 2
+    if which == "oracle":
+        o, c = files(_lines_bytes(oracle_lines(), line, raw))
+    else:
+        o, c = files(None, _lines_bytes(candidate_lines(), line, raw))
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, f"{which}.jsonl:{line}", f"'{needle}'", "twice")
+
+
+def test_keys_that_look_alike_inside_strings_are_not_duplicates(files: Files) -> None:
+    # A guard for the fast duplicate check: colons and key-like text inside strings, nested
+    # objects with the same key names at different levels.
+    raw = (b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"prompt":"Q: \\"token_ids\\": [9]",'
+           b'"tokens":["a:",":"],"meta":{"id":"x","sub":{"id":"y"}},"note":"{\\"id\\":1}"}')
+    code, _, err = compare(*files(None, _lines_bytes(candidate_lines(), 2, raw)))
+    assert code == 0, err

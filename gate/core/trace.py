@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import gc
 import io
+import json
 import math
 import os
+import re
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +56,11 @@ _STR = frozenset({str})
 _INT = frozenset({int})
 _NUM = frozenset({int, float})
 _MAX_FLOAT_INT = int(1.7976931348623157e308)
+# A JSON string in raw bytes (escapes included), for counting the colons outside strings.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+# Record fields that hold no JSON object when valid: objects inside them are refused by
+# validation anyway, so the duplicate-key count need not look inside.
+_FLAT_FIELDS = frozenset(_RECORD_KEYS) | {"token_logits"}
 # `token_logits` (beyond v1: the chosen token's raw logit per position) fixes the size of a
 # grid step for the ULP doctrine, so a tampered one could widen a step at will. No trained
 # model's logits come near this magnitude (top logits sit at 10-60; GPT-2's most negative
@@ -217,12 +224,17 @@ def _read_trace(name: str, role: str | None) -> Trace:
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
     for lineno, raw in _lines(name):
+        obj = _loads(name, lineno, raw)
         if header is None:
-            header = _parse_header(name, lineno, _loads(name, lineno, raw))
+            _check_unique_keys(name, lineno, raw, obj, _keys_in(obj))
+            header = _parse_header(name, lineno, obj)
             if role is not None and header.role != role:
                 raise TraceError(name, lineno, "role", f"expected {_article(role)} {role} trace, found {header.role!r}")
             continue
-        rec = _parse_record(name, lineno, _loads(name, lineno, raw), header)
+        if type(obj) is dict:
+            keys = len(obj) + sum(_keys_in(v) for k, v in obj.items() if k not in _FLAT_FIELDS)
+            _check_unique_keys(name, lineno, raw, obj, keys)
+        rec = _parse_record(name, lineno, obj, header)
         if rec.id in seen:
             raise TraceError(name, lineno, "id", f"duplicate id {rec.id!r} (first on line {seen[rec.id]})")
         seen[rec.id] = lineno
@@ -332,6 +344,53 @@ def _loads(name: str, lineno: int, raw: bytes) -> Any:
             why = f"bad JSON: NaN and Infinity are not JSON numbers, and logprobs must be finite ({msg})"
             raise TraceError(name, lineno, None, why) from None
         raise TraceError(name, lineno, None, f"bad JSON: {msg}") from None
+
+
+def _keys_in(value: Any) -> int:
+    """How many keys the objects in `value` hold, all levels down."""
+    if type(value) is dict:
+        return len(value) + sum(map(_keys_in, value.values()))
+    if type(value) is list:
+        return sum(map(_keys_in, value))
+    return 0
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _check_unique_keys(name: str, lineno: int, raw: bytes, obj: Any, keys: int) -> None:
+    """Refuse a line whose objects repeat a key: orjson keeps the last value, other readers
+    the first, so the file means different things to different tools.
+
+    Fast: every key is followed by one colon outside strings, so when the line holds no
+    more colons than the parsed objects hold keys, no key was repeated (one `count` in C;
+    colons inside strings, e.g. a prompt's text, cost one more pass that skips strings).
+    Only a line that fails both is parsed again, slowly, to name the key.
+    """
+    colons = raw.count(b":")
+    if colons == keys:
+        return
+    if colons > keys and _JSON_STRING.sub(b"", raw).count(b":") == keys:
+        return
+    try:
+        json.loads(raw, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as dup:
+        key = str(dup.args[0])
+        why = ("appears twice in one JSON object; refused, because readers disagree on which value "
+               "counts (orjson takes the last, others the first)")
+        raise TraceError(name, lineno, key, why) from None
+    except (ValueError, RecursionError):
+        pass  # not for this check to judge: an object where none belongs is refused later
 
 
 def _is_int(v: Any) -> bool:
