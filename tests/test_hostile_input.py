@@ -313,3 +313,45 @@ def test_keys_that_look_alike_inside_strings_are_not_duplicates(files: Files) ->
            b'"tokens":["a:",":"],"meta":{"id":"x","sub":{"id":"y"}},"note":"{\\"id\\":1}"}')
     code, _, err = compare(*files(None, _lines_bytes(candidate_lines(), 2, raw)))
     assert code == 0, err
+
+
+# --------------------------------------------------------------------------- 6: --output
+
+
+def test_output_never_replaces_a_symlink(files: Files, tmp_path: Path) -> None:
+    o, c = files()
+    real = tmp_path / "real.json"
+    real.write_text("keep me")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    code, _, err = compare(o, c, "--output", str(link), "--force")
+    assert_input_error(code, err, str(link), "symbolic link")
+    assert link.is_symlink() and real.read_text() == "keep me"
+
+
+def test_output_never_replaces_a_special_file(files: Files, tmp_path: Path) -> None:
+    o, c = files()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code, _, err = compare(o, c, "--output", str(fifo), "--force")
+    assert_input_error(code, err, str(fifo), "not a regular file")
+    import stat
+
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_output_dash_is_stdout(files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    o, c = files()
+    monkeypatch.chdir(tmp_path)
+    code, out, err = compare(o, c, "--output", "-")
+    assert code == 0, err
+    assert '"gate_report"' in out
+    assert not (tmp_path / "-").exists()
+
+
+def test_merge_output_dash_is_stdout(files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, c = files()
+    monkeypatch.chdir(tmp_path)
+    code, out, err = gate(["merge", str(c), "--output", "-"])
+    assert code == 0, err
+    assert out.startswith('{"gate_trace":1') and not (tmp_path / "-").exists()

@@ -41,8 +41,7 @@ def atomic_write(
     removed first.
     """
     target = Path(path)
-    if target.is_dir():
-        raise InputError(f"{target}: is a directory")
+    _check_replaceable(target)
     if target.exists() and not overwrite:
         raise InputError(f"{target}: already exists; pass --force to replace it")
     try:
@@ -77,6 +76,24 @@ def atomic_write(
         raise
     _fsync_dir(target.parent)
     return kept
+
+
+def _check_replaceable(target: Path) -> None:
+    """Only regular files are ever replaced: a rename onto a symlink would replace the link
+    (not what it points to), and onto a device, FIFO or socket (as root, `/dev/null`) would
+    turn it into a plain file."""
+    try:
+        st = os.lstat(target)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a missing folder is made below; a file in the way is reported there
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write there: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise InputError(f"{target}: is a symbolic link; gate never replaces one (name the file it points to)")
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{target}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{target}: is not a regular file (a device, FIFO or socket); gate writes only regular files")
 
 
 def clean_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
