@@ -355,3 +355,48 @@ def test_merge_output_dash_is_stdout(files: Files, tmp_path: Path, monkeypatch: 
     code, out, err = gate(["merge", str(c), "--output", "-"])
     assert code == 0, err
     assert out.startswith('{"gate_trace":1') and not (tmp_path / "-").exists()
+
+
+# --------------------------------------------------------------------------- 7: bounds
+
+
+@pytest.mark.parametrize("n", [10**12, 10**23])
+def test_a_huge_shard_count_is_refused_at_once(files: Files, n: int) -> None:
+    import time
+
+    from gate.core.shards import shard_of
+
+    # A shard trace that holds just its own prompt, so nothing else stops the merge early:
+    # it used to list the N - 1 missing shards, allocating until memory ran out.
+    cand = candidate_lines()[:2]
+    cand[0]["shard"] = f"{shard_of('p1', n)}/{n}"
+    _, c = files(None, cand)
+    started = time.monotonic()
+    code, _, err = gate(["merge", str(c), "--output", str(c.with_name("merged.jsonl"))])
+    assert_input_error(code, err, "shard", "at most")
+    assert time.monotonic() - started < 5
+
+
+def test_a_shard_option_with_a_huge_count_is_refused() -> None:
+    from gate.core.shards import MAX_SHARDS, parse_shard
+    from gate.errors import InputError
+
+    assert parse_shard(f"1/{MAX_SHARDS}") == (1, MAX_SHARDS)
+    with pytest.raises(InputError, match="at most"):
+        parse_shard(f"1/{MAX_SHARDS + 1}")
+
+
+def test_a_line_that_would_cost_gigabytes_of_memory_is_refused_unparsed(files: Files) -> None:
+    # The case: 99 MB of nested empty lists took 3.2 GB to parse.
+    line = b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"junk":[' + b"[]," * 33_000_000 + b"[]]}"
+    for last in (b"\n", b""):  # the last line, without its newline, goes another way
+        o, c = files(None, _lines_bytes(candidate_lines()[:2], 2, line)[:-1] + last)
+        code, _, err = compare(o, c)
+        assert_input_error(code, err, "candidate.jsonl:2", "memory")
+
+
+def test_deep_nesting_is_an_input_error(files: Files) -> None:
+    line = b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"junk":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    o, c = files(None, _lines_bytes(candidate_lines(), 2, line))
+    code, _, err = compare(o, c)
+    assert_input_error(code, err, "candidate.jsonl:2")

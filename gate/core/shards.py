@@ -32,12 +32,17 @@ VARYING_PLATFORM_KEYS = frozenset({"platform", "release", "node"})
 # How many ids an error lists before it says "and N more".
 _SHOWN = 5
 
-_SHARD_RE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+_SHARD_RE = re.compile(r"\s*(\d{1,30})\s*/\s*(\d{1,30})\s*")
+# More shards than any suite has prompts to spread: a label past this is a corrupt or
+# hostile header (a merge lists the missing shards, and must not try 10**12 of them).
+MAX_SHARDS = 10_000
 
 
 def _check_kn(k: int, n: int, what: str) -> None:
     if n < 1:
         raise InputError(f"{what}: N must be at least 1, found {n}")
+    if n > MAX_SHARDS:
+        raise InputError(f"{what}: N must be at most {MAX_SHARDS}, found {n}")
     if not 1 <= k <= n:
         raise InputError(f"{what}: K must be between 1 and N={n} (shards are numbered from 1), found {k}")
 

@@ -48,6 +48,12 @@ _RECORD_KEYS = (
 # A line longer than this is refused before parsing: no honest trace line comes near it
 # (1,000 positions x top-20 is about 600 kB), and a corrupt file must not exhaust memory.
 MAX_LINE_BYTES = 256 * 1024 * 1024
+# What parsing a line may cost in memory, estimated from its bytes before parsing: a list
+# costs about 64 bytes, an object about 232, each further element (a comma) up to 32. An
+# honest line (1,000 positions x top-20) costs a few MB; 99 MB of `[],` would take 3 GB.
+MAX_LINE_COST = 1024 * 1024 * 1024
+# Lines shorter than this cannot come near MAX_LINE_COST (at most ~32 bytes per byte).
+_COST_CHECK_BYTES = 8 * 1024 * 1024
 # The reader streams the file in chunks of this size (one read call each).
 _READ_CHUNK = 4 * 1024 * 1024
 # Exact type sets for the fast checks (bool is not int here).
@@ -314,6 +320,8 @@ def _lines(name: str) -> Iterator[tuple[int, bytes]]:
 def _check_not_cut(name: str, lineno: int, line: bytes) -> None:
     # Writers end every line with a newline; a last line without one that stops mid-JSON
     # is a truncated file (a killed writer, a partial copy), not merely bad JSON.
+    if len(line) >= _COST_CHECK_BYTES and _line_cost(line) > MAX_LINE_COST:
+        return  # refused unparsed by _loads
     try:
         orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -327,7 +335,15 @@ def _check_not_cut(name: str, lineno: int, line: bytes) -> None:
             raise TraceError(name, lineno, None, f"the file ends mid-line (truncated?): {exc.msg}") from None
 
 
+def _line_cost(raw: bytes) -> int:
+    return 64 * raw.count(b"[") + 232 * raw.count(b"{") + 32 * raw.count(b",")
+
+
 def _loads(name: str, lineno: int, raw: bytes) -> Any:
+    if len(raw) >= _COST_CHECK_BYTES and (cost := _line_cost(raw)) > MAX_LINE_COST:
+        why = (f"parsing this line would take about {cost / 2**30:.1f} GiB of memory ({len(raw):,} bytes of "
+               f"mostly lists or objects); refused unparsed (limit {MAX_LINE_COST / 2**30:.0f} GiB)")
+        raise TraceError(name, lineno, None, why)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
