@@ -400,3 +400,59 @@ def test_deep_nesting_is_an_input_error(files: Files) -> None:
     o, c = files(None, _lines_bytes(candidate_lines(), 2, line))
     code, _, err = compare(o, c)
     assert_input_error(code, err, "candidate.jsonl:2")
+
+
+# --------------------------------------------------------------------------- 8, 10: one error, one line
+
+
+def _one_line(err: str) -> str:
+    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
+    assert err.startswith("gate: error: "), repr(err)
+    assert "╭" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["compare", "--no-such-option", "a", "b"], ("gate compare", "--no-such-option")),
+        (["compare", "a"], ("gate compare", "candidate")),
+        (["compare", "a", "b", "--near-tie-mnats", "abc"], ("gate compare", "--near-tie-mnats")),
+        (["no-such-command"], ("gate", "no-such-command")),
+    ],
+    ids=["unknown-option", "missing-argument", "bad-value", "unknown-command"],
+)
+def test_usage_errors_are_one_line_exit_2(argv: list[str], needles: tuple[str, ...]) -> None:
+    code, _, err = gate(argv)
+    assert code == 2, err
+    line = _one_line(err)
+    for needle in needles:
+        assert needle in line, (needle, line)
+
+
+def test_a_path_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "evil\nverdict: strict pass (exit 0).jsonl"
+    code, _, err = gate(["compare", str(bad), str(bad)])
+    assert code == 2
+    assert "\\n" in _one_line(err)
+
+
+def test_an_unknown_pin_model_is_one_line(files: Files) -> None:
+    _, c = files()
+    code, _, err = gate(["merge", str(c), "--pin-model", "nope/model", "-o", str(c.with_name("m.jsonl")),
+                         "--pins-dir", str(c.parent)])
+    assert code == 2
+    _one_line(err)
+
+
+def test_ctrl_c_says_so_and_exits_130(files: Files, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gate.cli.compare as compare_cli
+
+    def interrupted(**_: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_cli, "compare_files", interrupted)
+    o, c = files()
+    code, _, err = gate(["compare", str(o), str(c)])
+    assert code == 130
+    assert err == "gate: interrupted (Ctrl-C)\n"

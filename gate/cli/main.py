@@ -1,7 +1,9 @@
 """The `gate` command. Thin: options are parsed here and handed to plain functions.
 
 Error handling lives in one place, `main()`: a GateError prints one line on stderr and
-exits with its code (spec: 2 input, 3 engine); no traceback unless GATE_DEBUG=1.
+exits with its code (spec: 2 input, 3 engine); no traceback unless GATE_DEBUG=1. Typer
+runs without its standalone mode, so its usage errors come here too (one line, exit 2)
+and so does Ctrl-C (a line, exit 130).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import typer
 
 from gate import __version__
 from gate.errors import GateError
+from gate.text import printable
 
 app = typer.Typer(
     name="gate",
@@ -48,27 +51,52 @@ def _debug() -> bool:
     return os.environ.get("GATE_DEBUG", "") not in ("", "0")
 
 
+def _say(line: str) -> None:
+    """One line on stderr, whatever the message holds (a path with a newline, an escape)."""
+    print(printable(line), file=sys.stderr)
+
+
+INTERRUPTED = "gate: interrupted (Ctrl-C)"
+
+
+def _usage_error(exc: typer.TyperException) -> int:
+    """Typer's refusals of the command line, as one line (not its five-line box)."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # bare `gate`: the help is the answer
+        print(exc.format_message(), file=sys.stderr)
+        return 2
+    command = ctx.command_path if ctx is not None else "gate"
+    message = " ".join(exc.format_message().split())
+    _say(f"gate: error: {command}: {message} (see '{command} --help')")
+    code = getattr(exc, "exit_code", 2)
+    return code if isinstance(code, int) and code else 2
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
-        app(args=argv, prog_name="gate")
+        code = app(args=argv, prog_name="gate", standalone_mode=False)
     except GateError as exc:
         if _debug():
             traceback.print_exc()
-        print(f"gate: error: {exc}", file=sys.stderr)
+        _say(f"gate: error: {exc}")
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        print("gate: interrupted", file=sys.stderr)
+    except typer.TyperException as exc:
+        sys.exit(_usage_error(exc))
+    except (KeyboardInterrupt, typer.Abort):
+        _say(INTERRUPTED)
         sys.exit(130)
     except MemoryError as exc:
         if _debug():
             traceback.print_exc()
-        print(f"gate: error: out of memory: {exc}", file=sys.stderr)
+        _say(f"gate: error: out of memory: {exc}")
         sys.exit(3)
     except Exception as exc:
         if _debug():
             traceback.print_exc()
-        print(
-            f"gate: internal error: {type(exc).__name__}: {exc} (set GATE_DEBUG=1 for the traceback)",
-            file=sys.stderr,
-        )
+        _say(f"gate: internal error: {type(exc).__name__}: {exc} (set GATE_DEBUG=1 for the traceback)")
         sys.exit(3)
+    if code == 130:
+        # Typer turns a KeyboardInterrupt in a command into exit 130 before we see it; no
+        # gate command returns 130 itself (a GateError `Interrupted` carries its message).
+        _say(INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,33 @@
+"""Text from input files, made safe to show a person: one helper for every human report.
+
+Prompt ids, token texts, model names and paths come from files anyone can write. Shown
+raw, an ANSI escape can recolour or erase a CI log's verdict line, a carriage return or
+newline can forge one, and a bidi override (U+202E) can reorder what a reader sees.
+`printable` writes every such character as a visible escape (`\\x1b`, `\\u202e`).
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls (newline and tab included), DEL, C1 controls; the Unicode characters that
+# reorder or hide text: the Arabic letter mark, zero-width and directional marks, line and
+# paragraph separators, bidi embeddings, overrides and isolates, word joiners and invisible
+# operators, the byte order mark, interlinear annotation controls.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
+
+
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    ch = m.group()
+    if ch in _SHORT:
+        return _SHORT[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` with every control, bidi or invisible formatting character escaped."""
+    return _UNSAFE.sub(_escape, text)
