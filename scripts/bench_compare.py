@@ -43,7 +43,11 @@ def build_pair(folder: Path, prompts: int, positions: int, top_k: int, seed: int
         for p in range(prompts):
             # logprobs: float32 values, strictly descending within each position.
             steps = rng.exponential(0.4, size=(positions, top_k)).astype(np.float32) + np.float32(1e-3)
-            lps = -np.cumsum(steps, axis=1, dtype=np.float32)
+            lps = -np.cumsum(steps, axis=1, dtype=np.float64)
+            # A real top-k's probabilities add up to at most 1 (the reader checks it): leave
+            # the tail 5% of the mass.
+            lse = np.log(np.exp(lps).sum(axis=1, keepdims=True))
+            lps = (lps - lse + np.log(0.95)).astype(np.float32)
             ids = np.stack([rng.choice(50_000, size=top_k, replace=False) for _ in range(positions)])
             kind = p % 50
             if kind == 1:  # an exact tie at position 5: the oracle holds the lower id first
