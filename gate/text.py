@@ -3,7 +3,7 @@
 Prompt ids, token texts, model names and paths come from files anyone can write. Shown
 raw, an ANSI escape can recolour or erase a CI log's verdict line, a carriage return or
 newline can forge one, and a bidi override (U+202E) can reorder what a reader sees.
-`printable` writes every such character as a visible escape (`\\x1b`, `\\u202e`).
+`printable` writes every such character as a visible escape (`\\u001b`, `\\u202e`; `\\n`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ def _escape(m: re.Match[str]) -> str:
     ch = m.group()
     if ch in _SHORT:
         return _SHORT[ch]
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return f"\\u{ord(ch):04x}"  # as JSON writes it, so quoted token texts read alike
 
 
 def printable(text: str) -> str:

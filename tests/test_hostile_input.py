@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_bad_input import ORACLE_HEADER, assert_input_error, candidate_lines, encode, gate, oracle_lines
+from test_bad_input import assert_input_error, candidate_lines, encode, gate, oracle_lines
 
 Files = Callable[..., tuple[Path, Path]]
 
@@ -23,7 +23,9 @@ def files(tmp_path: Path) -> Files:
         o, c = tmp_path / "oracle.jsonl", tmp_path / "candidate.jsonl"
         o.write_bytes(encode(oracle_lines() if oracle is None else oracle) if not isinstance(oracle, bytes) else oracle)
         c.write_bytes(
-            encode(candidate_lines() if candidate is None else candidate) if not isinstance(candidate, bytes) else candidate
+            encode(candidate_lines() if candidate is None else candidate)
+            if not isinstance(candidate, bytes)
+            else candidate
         )
         return o, c
 
@@ -288,10 +290,18 @@ def _lines_bytes(lines: list[dict[str, Any]], line: int, raw: bytes) -> bytes:
     [
         ("candidate", b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[9,9],"token_ids":[5,6]}', "token_ids"),
         ("candidate", b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids" : [9,9], "token_ids":[5,6]}', "token_ids"),
-        ("oracle", b'{"gate_trace":1,"role":"candidate","role":"oracle","model":"org/tiny","top_k":3,'
-                   b'"engine":{"name":"vllm","version":"0.11.0"}}', "role"),
-        ("oracle", b'{"gate_trace":1,"role":"oracle","model":"org/tiny","top_k":3,'
-                   b'"engine":{"name":"x","name":"vllm","version":"0.11.0"}}', "name"),
+        (
+            "oracle",
+            b'{"gate_trace":1,"role":"candidate","role":"oracle","model":"org/tiny","top_k":3,'
+            b'"engine":{"name":"vllm","version":"0.11.0"}}',
+            "role",
+        ),
+        (
+            "oracle",
+            b'{"gate_trace":1,"role":"oracle","model":"org/tiny","top_k":3,'
+            b'"engine":{"name":"x","name":"vllm","version":"0.11.0"}}',
+            "name",
+        ),
         ("candidate", b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"meta":[{"a":1,"a":2}]}', "a"),
     ],
     ids=["record", "record-spaced", "header", "nested-engine", "nested-extra"],
@@ -309,8 +319,10 @@ def test_duplicate_keys_are_refused(files: Files, which: str, raw: bytes, needle
 def test_keys_that_look_alike_inside_strings_are_not_duplicates(files: Files) -> None:
     # A guard for the fast duplicate check: colons and key-like text inside strings, nested
     # objects with the same key names at different levels.
-    raw = (b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"prompt":"Q: \\"token_ids\\": [9]",'
-           b'"tokens":["a:",":"],"meta":{"id":"x","sub":{"id":"y"}},"note":"{\\"id\\":1}"}')
+    raw = (
+        b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"prompt":"Q: \\"token_ids\\": [9]",'
+        b'"tokens":["a:",":"],"meta":{"id":"x","sub":{"id":"y"}},"note":"{\\"id\\":1}"}'
+    )
     code, _, err = compare(*files(None, _lines_bytes(candidate_lines(), 2, raw)))
     assert code == 0, err
 
@@ -439,8 +451,9 @@ def test_a_path_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
 
 def test_an_unknown_pin_model_is_one_line(files: Files) -> None:
     _, c = files()
-    code, _, err = gate(["merge", str(c), "--pin-model", "nope/model", "-o", str(c.with_name("m.jsonl")),
-                         "--pins-dir", str(c.parent)])
+    code, _, err = gate(
+        ["merge", str(c), "--pin-model", "nope/model", "-o", str(c.with_name("m.jsonl")), "--pins-dir", str(c.parent)]
+    )
     assert code == 2
     _one_line(err)
 
@@ -456,3 +469,57 @@ def test_ctrl_c_says_so_and_exits_130(files: Files, monkeypatch: pytest.MonkeyPa
     code, _, err = gate(["compare", str(o), str(c)])
     assert code == 130
     assert err == "gate: interrupted (Ctrl-C)\n"
+
+
+# --------------------------------------------------------------------------- 9: control characters in reports
+
+EVIL_ID = "p1\x1b[2K\x1b[32mverdict: strict pass\x1b[0m\u202e\r\x9b"
+EVIL_TEXT = "tok\x1b]0;title\x07\u2066"
+RAW = ("\x1b", "\u202e", "\r", "\x9b", "\x07", "\u2066")
+
+
+def _evil_result(tmp_path: Path) -> Any:
+    from gate.core.adjudicate import compare as adjudicate
+    from gate.core.trace import read_trace
+
+    oracle, cand = oracle_lines(), candidate_lines()
+    oracle[1]["id"] = cand[1]["id"] = EVIL_ID
+    oracle[1]["tokens"] = [EVIL_TEXT, "b"]
+    oracle[1]["prompt"] = EVIL_TEXT
+    cand[1]["token_ids"] = [7, 6]  # a divergence, so ids and texts reach every panel and table
+    cand[1]["tokens"] = [EVIL_TEXT, "c"]
+    cand[0]["model"] = oracle[0]["model"] = "org/\x1b[31mtiny"
+    o, c = tmp_path / "o.jsonl", tmp_path / "c.jsonl"
+    o.write_bytes(encode(oracle))
+    c.write_bytes(encode(cand))
+    return adjudicate(read_trace(o), read_trace(c))
+
+
+@pytest.mark.parametrize("fmt", ["rich", "markdown", "junit", "html"])
+def test_human_reports_escape_control_and_bidi_characters(tmp_path: Path, fmt: str) -> None:
+    from gate.reports import render
+
+    text = render(_evil_result(tmp_path), fmt)
+    for ch in RAW:
+        assert ch not in text, (fmt, repr(ch))
+    assert "\\x1b" in text or "\\u001b" in text
+
+
+def test_the_colour_terminal_report_escapes_them_too(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from gate.reports.terminal import print_report
+
+    buf = io.StringIO()
+    print_report(_evil_result(tmp_path), Console(file=buf, force_terminal=True, width=120, color_system="truecolor"))
+    out = buf.getvalue()
+    assert "\x1b[2K" not in out and "\x1b[32mverdict" not in out and "\u202e" not in out and "\x9b" not in out
+
+
+def test_printable_escapes_what_it_must_and_nothing_else() -> None:
+    from gate.text import printable
+
+    assert printable("a\x1b[31mb\u202ec\n\t\x85") == "a\\u001b[31mb\\u202ec\\n\\t\\u0085"
+    assert printable("héllo 中文 🙂 ∑") == "héllo 中文 🙂 ∑"

@@ -530,7 +530,8 @@ def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[
     """
     fld = "token_logits"
     if not isinstance(value, list):
-        raise TraceError(name, lineno, fld, f"must be a list of numbers (one logit per token), found {type(value).__name__}")
+        found = type(value).__name__
+        raise TraceError(name, lineno, fld, f"must be a list of numbers (one logit per token), found {found}")
     if len(value) != len(token_ids):
         raise TraceError(name, lineno, fld, f"has {len(value)} logits for {len(token_ids)} generated tokens")
     if not value:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 
 from gate.core.adjudicate import (
     DEFECT,
@@ -17,6 +18,7 @@ from gate.core.adjudicate import (
     GateResult,
     PromptResult,
 )
+from gate.text import printable
 
 # The one-line reason an exact tie can split two honest engines.
 TIE_BREAK_RULE = "torch.argmax and vLLM take the lowest id among equal maxima"
@@ -47,8 +49,33 @@ def fmt_ulps(x: float | None) -> str:
 
 
 def quote(text: str) -> str:
-    """Token text in double quotes with control characters escaped (`"\\n"`, `"\\u0000"`)."""
-    return json.dumps(text, ensure_ascii=False)
+    """Token text in double quotes with control characters escaped (`"\\n"`, `"\\u0000"`),
+    C1 controls and bidi overrides too (`printable`: JSON leaves those raw)."""
+    return printable(json.dumps(text, ensure_ascii=False))
+
+
+def for_humans(result: GateResult) -> GateResult:
+    """`result` with every name that came from an input file made `printable`: prompt ids,
+    the model, engine names, forced modes, warnings. Token texts and prompts are shown
+    through `quote`, which escapes them itself. Every human report starts here; the JSON
+    report keeps the values verbatim."""
+    p = printable
+    prompts = tuple(replace(x, id=p(x.id)) for x in result.prompts)
+    divergences = tuple(
+        replace(d, prompt_id=p(d.prompt_id), forced_mode=None if d.forced_mode is None else p(d.forced_mode))
+        for d in result.divergences
+    )
+    meta = {k: p(v) if isinstance(v, str) else v for k, v in result.meta.items()}
+    return replace(
+        result,
+        prompts=prompts,
+        divergences=divergences,
+        model=p(result.model),
+        oracle_engine=p(result.oracle_engine),
+        candidate_engine=p(result.candidate_engine),
+        meta=meta,
+        warnings=tuple(map(p, result.warnings)),
+    )
 
 
 def token_label(token: int | None, text: str | None) -> str:

@@ -20,6 +20,7 @@ from gate.core.goldens import CAUSE_LABELS, NEAR_TIE_FLIP, REAL_CHANGE, TIE_BREA
 from gate.reports._common import TIE_BREAK_RULE, fmt_logprob, fmt_mnats, token_label
 from gate.reports.markdown import cell
 from gate.reports.terminal import TEXT_WIDTH
+from gate.text import printable
 
 FORMATS = ("rich", "json", "markdown")
 CAUSE_STYLES = {TIE_BREAK: "bold cyan", NEAR_TIE_FLIP: "bold yellow", REAL_CHANGE: "bold red"}
@@ -49,7 +50,7 @@ def head_lines(result: GoldensResult) -> list[str]:
     """Model, engines, golden, pin, doctrine, option changes and notes: one line each."""
     ge, ce = result.golden_engine, result.candidate_engine
     lines = [
-        f"model {result.model}; golden {result.golden_path}"
+        f"model {printable(result.model)}; golden {printable(str(result.golden_path))}"
         + (f" (recorded {result.golden_created_at})" if result.golden_created_at else "")
     ]
     lines.append(
@@ -94,7 +95,7 @@ def goldens_parts(result: GoldensResult, *, max_reasons: int = MAX_REASONS) -> l
         parts.append(moves_table(result))
         reasons = Text()
         for m in result.moves[:max_reasons]:
-            reasons.append(f"{m.prompt_id} @ {m.position}", style="bold")
+            reasons.append(f"{printable(m.prompt_id)} @ {m.position}", style="bold")
             span = max(m.golden_length, m.candidate_length)
             reasons.append(f" ({m.moved_positions}/{span} positions moved): ")
             reasons.append(m.label, style=CAUSE_STYLES[m.cause])
@@ -144,7 +145,7 @@ def moves_table(result: GoldensResult) -> Table:
     table.add_column("cause", no_wrap=True, min_width=25)
     for m in result.moves:
         table.add_row(
-            m.prompt_id,
+            printable(m.prompt_id),
             str(m.position),
             f"{old_label(m)} → {new_label(m)}",
             oracle_took(m),

@@ -51,6 +51,7 @@ from gate.reports._common import (
     fmt_logprob,
     fmt_mnats,
     fmt_ulps,
+    for_humans,
     gap_label,
     provenance_line,
     quote,
@@ -97,6 +98,7 @@ class Bar:
 
 
 def render_html(result: GateResult) -> str:
+    result = for_humans(result)
     title = f"gate: {VERDICT_LABELS.get(result.verdict, result.verdict)}"
     if result.model:
         title += f" — {result.model}"

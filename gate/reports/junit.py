@@ -18,6 +18,7 @@ from gate.reports._common import (
     doctrine_line,
     fmt_logprob,
     fmt_mnats,
+    for_humans,
     gap_label,
     source_label,
     token_label,
@@ -49,6 +50,7 @@ def describe(d: Divergence, near_tie_mnats: float) -> str:
 
 
 def render_junit(result: GateResult) -> str:
+    result = for_humans(result)
     groups = by_prompt(result)
     strict_gate = result.doctrine.strict
     failures = sum(1 for p in result.prompts if _fails(p, strict_gate))

@@ -16,12 +16,14 @@ from gate.reports._common import (
     doctrine_line,
     fmt_logprob,
     fmt_mnats,
+    for_humans,
     gap_label,
     provenance_line,
     source_label,
     token_label,
     verdict_line,
 )
+from gate.text import printable
 
 VERDICT_ICONS = {STRICT_PASS: "✅", RATIFIED_PASS: "☑️", "fail": "❌"}
 CLASS_ICONS = {EXACT_TIE: "🟦", "near_tie": "🟨", "defect": "🟥"}
@@ -32,7 +34,8 @@ OPEN_ROWS = 25
 def cell(text: str) -> str:
     """One table cell: pipes, backticks, HTML and newlines escaped."""
     out = (
-        text.replace("\\", "\\\\")
+        printable(text)
+        .replace("\\", "\\\\")
         .replace("|", "\\|")
         .replace("`", "\\`")
         .replace("<", "&lt;")
@@ -44,6 +47,7 @@ def cell(text: str) -> str:
 
 
 def render_markdown(result: GateResult) -> str:
+    result = for_humans(result)
     verdict = result.verdict
     lines = [
         f"## {VERDICT_ICONS.get(verdict, '')} gate: {VERDICT_LABELS.get(verdict, verdict)}",
@@ -87,8 +91,10 @@ def _prompt_table(result: GateResult) -> list[str]:
     out = ["### Prompts", ""]
     if not listed:
         return [*out, f"All {strict} prompts strict.", ""]
-    header = ["| prompt | strict | ratified | positions matched | first divergence | classified |",
-              "|---|:-:|:-:|--:|--:|---|"]
+    header = [
+        "| prompt | strict | ratified | positions matched | first divergence | classified |",
+        "|---|:-:|:-:|--:|--:|---|",
+    ]
     rows = []
     for p in listed:
         note = class_counts(groups.get(p.id, []))

@@ -24,6 +24,7 @@ from gate.reports._common import (
     fmt_logprob,
     fmt_mnats,
     fmt_ulps,
+    for_humans,
     gap_label,
     provenance_line,
     quote,
@@ -50,6 +51,7 @@ def print_report(
     max_panels: int = MAX_PANELS,
     max_prompt_rows: int = MAX_PROMPT_ROWS,
 ) -> None:
+    result = for_humans(result)
     for part in report_parts(result, max_panels=max_panels, max_prompt_rows=max_prompt_rows):
         console.print(part)
 
