@@ -12,9 +12,15 @@ Engines:
 - `random`: the same seeds and mutations driven by a seeded `random.Random`; no extra
   dependency, reproducible with `--seed`.
 
-A Trace the reader accepts must also survive a write and a second read unchanged. Any
-other exception is a crash: the input is saved as `crash-<sha1>.jsonl` in the current
-folder and the script exits 1. At the end it prints how many inputs were tried.
+A Trace the reader accepts must also survive a write and a second read unchanged. An
+accepted oracle is then adjudicated against candidates derived from it (its tokens, some
+swapped for rivals or strangers, cut short, with or without forced data) under random
+doctrines, and the verdict must mean what it says (no false pass): a candidate whose
+tokens differ from the oracle's is never strict; a report never counts a defect and
+passes; a run with nothing to compare is an input error (exit 2), never a pass. Any other
+exception, or a broken meaning, is a finding: the input is saved as `crash-<sha1>.jsonl`
+in the current folder and the script exits 1. At the end it prints how many inputs were
+tried and how many adjudications were checked.
 """
 
 from __future__ import annotations
@@ -183,6 +189,7 @@ class Fuzz:
         from gate.errors import TraceError
 
         self._read, self._encode, self._trace_cls, self._error = read_trace, encode_trace, Trace, TraceError
+        self.adjudicated = 0
         self.folder = folder
         self.path = folder / "input.jsonl"
         self.tried = self.accepted = 0
@@ -207,6 +214,10 @@ class Fuzz:
             r.to_dict() for r in trace.records
         ]:
             raise AssertionError("an accepted trace changed through a write and a second read")
+        if trace.role == "oracle":
+            rnd = random.Random(hashlib.sha1(data).digest())
+            for _ in range(3):
+                self.adjudicated += check_meaning(trace, rnd)
 
     def guarded(self, data: bytes) -> None:
         try:
@@ -237,9 +248,68 @@ class Fuzz:
         took = time.monotonic() - self.start
         line = (
             f"fuzz_trace: {self.tried} inputs tried in {took:.0f} s ({self.tried / max(took, 1e-9):.0f}/s), "
-            f"{self.accepted} accepted, {self.tried - self.accepted} rejected with a TraceError, no crash"
+            f"{self.accepted} accepted, {self.tried - self.accepted} rejected with a TraceError, "
+            f"{self.adjudicated} adjudications checked for meaning; no crash, no false pass"
         )
         print(line, file=sys.stdout if final else sys.stderr, flush=True)
+
+
+def derived_candidate(oracle: Any, rnd: random.Random) -> Any:
+    """A candidate trace for `oracle`: its tokens, some swapped for a rival in the list or a
+    stranger, maybe cut short, maybe with forced data (which may disagree with the run)."""
+    from dataclasses import replace
+
+    from gate.core.trace import PromptRecord
+
+    def perturbed(rec: Any) -> tuple[int, ...]:
+        out = []
+        for i, tok in enumerate(rec.token_ids):
+            if rnd.random() < 0.15:
+                rivals = [int(t) for t, _ in rec.top_logprobs[i]]
+                tok = rnd.choice(rivals) if rivals and rnd.random() < 0.7 else rnd.randrange(0, 300)
+            out.append(tok)
+        return tuple(out)
+
+    records = []
+    for rec in oracle.records:
+        tokens = perturbed(rec)
+        if tokens and rnd.random() < 0.1:
+            tokens = tokens[: rnd.randrange(len(tokens))]
+        forced = perturbed(rec) if rnd.random() < 0.4 else None
+        records.append(PromptRecord(rec.id, rec.prompt_token_ids, tokens, forced_token_ids=forced))
+    header = replace(oracle.header, role="candidate", top_k=0)
+    return type(oracle)(header=header, records=tuple(records), path="<derived candidate>")
+
+
+def check_meaning(oracle: Any, rnd: random.Random) -> int:
+    """Adjudicate a derived candidate; raise AssertionError if the verdict lies. Returns 1."""
+    from gate.core.adjudicate import compare
+    from gate.core.doctrine import Doctrine
+    from gate.errors import InputError
+
+    cand = derived_candidate(oracle, rnd)
+    doctrine = Doctrine(
+        near_tie_mnats=rnd.choice((0.0, 125.0, 1000.0, rnd.random() * 5000)),
+        near_tie_ulps=rnd.choice((None, None, 1.0, 2.0, 8.0)),
+        strict=rnd.random() < 0.3,
+    )
+    nothing = not any(r.token_ids for r in oracle.records)
+    try:
+        result = compare(oracle, cand, doctrine)
+    except InputError:
+        return 1  # exit 2: never a pass
+    if nothing:
+        raise AssertionError("a run with nothing to compare was adjudicated (it must be exit 2)")
+    counts = result.counts
+    if counts["defects"] and result.exit_code != 1:
+        raise AssertionError(f"the report counts {counts['defects']} defect(s) and exits {result.exit_code}")
+    by_id = cand.by_id()
+    for rec, p in zip(oracle.records, result.prompts, strict=True):
+        if by_id[rec.id].token_ids[: len(rec.token_ids)] != rec.token_ids and p.strict:
+            raise AssertionError(f"prompt {rec.id!r}: its tokens differ from the oracle's, yet it is strict")
+    if result.exit_code == 0 and any(d.cls == "defect" for d in result.divergences):
+        raise AssertionError("a pass with a defect among its divergences")
+    return 1
 
 
 def run_random(fuzz: Fuzz, seed: int) -> None:

@@ -247,3 +247,21 @@ def test_compare_never_crashes_on_traces_the_reader_accepts(
     except GateError:
         return
     assert result.verdict in ("strict_pass", "ratified_pass", "fail")
+    assert_no_false_pass(o, c, result)
+
+
+def assert_no_false_pass(o: Trace, c: Trace, result: Any) -> None:
+    """The meaning of a verdict, whatever the input: no false pass."""
+    counts = result.counts
+    # Nothing to compare never passes (compare refuses it: we never get here with it).
+    assert counts["prompts"] > 0 and counts["positions"] > 0
+    # A report never counts a defect and passes.
+    if counts["defects"]:
+        assert result.exit_code == 1 and result.verdict == "fail"
+    # A candidate whose tokens differ from the oracle's is never strict.
+    cand = c.by_id()
+    for rec, p in zip(o.records, result.prompts, strict=True):
+        differs = cand[rec.id].token_ids[: len(rec.token_ids)] != rec.token_ids
+        assert not (differs and p.strict), rec.id
+    if any(cand[r.id].token_ids[: len(r.token_ids)] != r.token_ids for r in o.records):
+        assert result.verdict != "strict_pass"

@@ -213,3 +213,76 @@ def test_round_trip_is_bit_exact(tmp_path: Path, top: list[list[Any]]) -> None:
     for pos_a, pos_b in zip(back, top, strict=True):
         for (ta, la), (tb, lb) in zip(pos_a, pos_b, strict=True):
             assert ta == tb and math.copysign(1.0, la) == math.copysign(1.0, lb) and la == lb
+
+
+# --------------------------------------------------------------------------- meaning: no false pass
+
+
+@st.composite
+def oracle_and_candidate(draw: st.DrawFn) -> tuple[Trace, Trace]:
+    """An oracle of 1-3 prompts and a candidate that takes, at each position, the oracle's
+    token or another one (in the list or not), maybe stops early, maybe carries forced data."""
+    o_recs, c_recs = [], []
+    for i in range(draw(st.integers(1, 3))):
+        tops = [draw(top_lists(min_size=2, max_size=4)) for _ in range(draw(st.integers(1, 4)))]
+        tokens = tuple(p[0][0] for p in tops)
+        o_recs.append(PromptRecord(f"p{i}", (1, 2), tokens, top_logprobs=tops))
+        pick = st.sampled_from([None, 61] + [t for t, _ in tops[0]])
+
+        def take(j: int, tok: int) -> int:
+            alt = draw(pick) if draw(st.booleans()) else None
+            return alt if alt is not None else tok
+
+        cand = tuple(take(j, t) for j, t in enumerate(tokens))[: draw(st.integers(0, len(tokens)))]
+        forced = tuple(take(j, t) for j, t in enumerate(tokens)) if draw(st.booleans()) else None
+        c_recs.append(PromptRecord(f"p{i}", (1, 2), cand, forced_token_ids=forced))
+    o = Trace(TraceHeader("oracle", "m", 8, HEAD), tuple(o_recs))
+    c = Trace(TraceHeader("candidate", "m", 0, HEAD), tuple(c_recs))
+    return o, c
+
+
+@FAST
+@given(oracle_and_candidate(), st.one_of(st.sampled_from([0.0, 125.0]), st.floats(0, 3000)),
+       st.sampled_from([None, 1.0, 2.0]), st.booleans(),
+       st.sampled_from([None, 5.0, 20.0, 500.0]))
+def test_no_false_pass(pair: tuple[Trace, Trace], near: float, ulps: float | None, strict: bool,
+                       logit: float | None) -> None:
+    o, c = pair
+    if logit is not None:  # the grid doctrine at some (plausible or tampered) top logit
+        o = Trace(o.header, tuple(
+            PromptRecord(r.id, r.prompt_token_ids, r.token_ids, top_logprobs=r.top_logprobs,
+                         extra={"token_logits": [logit] * len(r.token_ids)}) for r in o.records))
+    result = compare(o, c, Doctrine(near_tie_mnats=near, near_tie_ulps=ulps, strict=strict))
+    counts = result.counts
+    # A report never counts a defect and passes.
+    if counts["defects"]:
+        assert result.exit_code == 1 and result.verdict == FAIL
+    # A candidate whose tokens differ from the oracle's is never a strict pass.
+    cand = c.by_id()
+    for rec, p in zip(o.records, result.prompts, strict=True):
+        if cand[rec.id].token_ids[: len(rec.token_ids)] != rec.token_ids:
+            assert not p.strict and result.verdict != STRICT_PASS
+    # Whatever the doctrine, a ratified gap is never wider than its threshold allows: the
+    # grid step is capped (bf16 at |logit| 64-128: 0.5 nats), plus one float32 step.
+    for d in result.divergences:
+        if d.cls == NEAR_TIE and d.oracle_minus_candidate_mnats is not None:
+            assert d.oracle_minus_candidate_mnats <= max(near, 1000.0 * 0.5 * (ulps or 0) + 1.0)
+    # A pass means every classified divergence is a tie.
+    if result.exit_code == 0:
+        assert all(d.cls != DEFECT for d in result.divergences)
+
+
+@given(st.sampled_from(["header-only", "empty-continuations"]))
+def test_nothing_to_compare_never_passes(case: str) -> None:
+    from gate.errors import InputError
+
+    records: tuple[PromptRecord, ...] = ()
+    if case == "empty-continuations":
+        records = (PromptRecord("p", (1,), (), top_logprobs=[]),)
+    o = Trace(TraceHeader("oracle", "m", 4, HEAD), records)
+    c = Trace(TraceHeader("candidate", "m", 0, HEAD), tuple(PromptRecord(r.id, r.prompt_token_ids, ()) for r in records))
+    try:
+        compare(o, c)
+    except InputError:
+        return
+    raise AssertionError("a run with nothing to compare did not stop at an input error")
