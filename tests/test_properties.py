@@ -227,14 +227,12 @@ def oracle_and_candidate(draw: st.DrawFn) -> tuple[Trace, Trace]:
         tops = [draw(top_lists(min_size=2, max_size=4)) for _ in range(draw(st.integers(1, 4)))]
         tokens = tuple(p[0][0] for p in tops)
         o_recs.append(PromptRecord(f"p{i}", (1, 2), tokens, top_logprobs=tops))
-        pick = st.sampled_from([None, 61] + [t for t, _ in tops[0]])
-
-        def take(j: int, tok: int) -> int:
-            alt = draw(pick) if draw(st.booleans()) else None
+        def take(tops: list[list[list[Any]]], j: int, tok: int) -> int:
+            alt = draw(st.sampled_from([None, 61] + [t for t, _ in tops[j]])) if draw(st.booleans()) else None
             return alt if alt is not None else tok
 
-        cand = tuple(take(j, t) for j, t in enumerate(tokens))[: draw(st.integers(0, len(tokens)))]
-        forced = tuple(take(j, t) for j, t in enumerate(tokens)) if draw(st.booleans()) else None
+        cand = tuple(take(tops, j, t) for j, t in enumerate(tokens))[: draw(st.integers(0, len(tokens)))]
+        forced = tuple(take(tops, j, t) for j, t in enumerate(tokens)) if draw(st.booleans()) else None
         c_recs.append(PromptRecord(f"p{i}", (1, 2), cand, forced_token_ids=forced))
     o = Trace(TraceHeader("oracle", "m", 8, HEAD), tuple(o_recs))
     c = Trace(TraceHeader("candidate", "m", 0, HEAD), tuple(c_recs))
@@ -280,7 +278,8 @@ def test_nothing_to_compare_never_passes(case: str) -> None:
     if case == "empty-continuations":
         records = (PromptRecord("p", (1,), (), top_logprobs=[]),)
     o = Trace(TraceHeader("oracle", "m", 4, HEAD), records)
-    c = Trace(TraceHeader("candidate", "m", 0, HEAD), tuple(PromptRecord(r.id, r.prompt_token_ids, ()) for r in records))
+    cand = tuple(PromptRecord(r.id, r.prompt_token_ids, ()) for r in records)
+    c = Trace(TraceHeader("candidate", "m", 0, HEAD), cand)
     try:
         compare(o, c)
     except InputError:
