@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gate.core.consistency import check_something_to_compare, header_warnings
 from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.trace import PromptRecord, TopList, Trace
 from gate.errors import InputError
@@ -355,8 +356,8 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
     if extra:
         raise InputError(f"{candidate.path}: prompt(s) {_few(extra)} are not in the oracle {oracle.path}")
 
-    _check_something_to_compare(oracle, candidate)
-    warnings = _header_warnings(oracle, candidate)
+    check_something_to_compare(oracle, candidate)
+    warnings = header_warnings(oracle, candidate)
 
     prompts: list[PromptResult] = []
     divergences: list[Divergence] = []
@@ -373,44 +374,6 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         candidate_engine=str(candidate.header.engine.get("name", "")),
         warnings=warnings,
     )
-
-
-def _tokenizer_hash(trace: Trace) -> str | None:
-    for source in (trace.header.extra, trace.header.engine):
-        value = source.get("tokenizer_sha256")
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def _header_warnings(oracle: Trace, candidate: Trace) -> tuple[str, ...]:
-    """Refuse headers whose tokens cannot be one model's; warn where they merely differ."""
-    o_tok, c_tok = _tokenizer_hash(oracle), _tokenizer_hash(candidate)
-    if o_tok is not None and c_tok is not None and o_tok != c_tok:
-        raise InputError(
-            f"{candidate.path}: header field 'tokenizer_sha256' is {c_tok[:12]}..., the oracle {oracle.path} has "
-            f"{o_tok[:12]}...: different tokenizers, so the token ids cannot be compared"
-        )
-    out: list[str] = []
-    if oracle.header.model != candidate.header.model:
-        out.append(
-            f"the headers name different models: oracle {oracle.header.model!r}, candidate "
-            f"{candidate.header.model!r} (fine for a quantised or renamed copy; wrong otherwise)"
-        )
-    return tuple(out)
-
-
-def _check_something_to_compare(oracle: Trace, candidate: Trace) -> None:
-    """A run with no oracle position is no evidence of anything: an input error, never a pass."""
-    if not oracle.records:
-        raise InputError(
-            f"{oracle.path}: no prompts (a header only): nothing to compare with {candidate.path}"
-        )
-    if not any(r.token_ids for r in oracle.records):
-        raise InputError(
-            f"{oracle.path}: every continuation is empty ({len(oracle.records)} prompt(s), 0 positions): "
-            "nothing to compare"
-        )
 
 
 def oracle_dtype(trace: Trace) -> str:
