@@ -16,7 +16,8 @@ import pytest
 from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
 from gate.core.doctrine import Doctrine
-from gate.core.pins import exact_top2_ties, load_pin
+from gate.core.pin_diff import exact_top2_ties
+from gate.core.pins import load_pin
 from gate.core.trace import read_trace
 from gate.workflows.run import (
     Timings,
