@@ -100,3 +100,12 @@ def test_data_commands_write_data_only_on_stdout(toy: dict[str, Any]) -> None:
     merged = invoke(["merge", str(shard), "-o", "-"])
     assert merged.exit_code == 0, merged.output
     assert json.loads(merged.stdout.splitlines()[0])["gate_trace"] == 1 and "merged 1 shard" in merged.stderr
+
+
+def test_a_partial_report_says_so(toy: dict[str, Any]) -> None:
+    where = [*toy["where"], "--engine", "fake", "--format", "json"]
+    assert "meta" not in json.loads(invoke(["run", *where]).stdout)  # complete: the same however it ran
+    shard = json.loads(invoke(["run", *where, "--shard", "1/2"]).stdout)
+    assert shard["meta"]["command"] == "gate run" and shard["meta"]["shard"] == "1/2"
+    assert shard["meta"]["partial"] is True and shard["meta"]["interrupted"] is None
+    assert "meta" not in json.loads(invoke(["compare", *SEED, "--format", "json"]).stdout)

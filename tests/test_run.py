@@ -349,7 +349,8 @@ def test_runner_functions_compose(pins: Path) -> None:
     outcome = gate_against_pin(engine, pin, Doctrine(), timings=Timings(load_s=1.5))
     assert outcome.result.verdict == "ratified_pass"
     assert outcome.timings.load_s == 1.5 and outcome.timings.total_s >= 1.5
-    meta = outcome.result.meta
+    assert outcome.result.run is not None
+    meta = outcome.result.run.to_dict()
     assert meta["timings"]["load_s"] == 1.5 and meta["forced_prompts"] == list(ids)
 
 

@@ -22,7 +22,6 @@ GOLDEN_VERSION = 1
 TIE_BREAK = "tie_break"
 NEAR_TIE_FLIP = "near_tie_flip"
 REAL_CHANGE = "real_change"
-CAUSES = (TIE_BREAK, NEAR_TIE_FLIP, REAL_CHANGE)
 CAUSE_LABELS = {
     TIE_BREAK: "was recording a tie-break",
     NEAR_TIE_FLIP: "near-tie flip",

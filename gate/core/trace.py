@@ -16,7 +16,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Literal, overload
+from typing import Any, overload
 
 import numpy as np
 import orjson
@@ -25,7 +25,6 @@ from gate.core.atomic import atomic_write
 from gate.errors import TraceError
 
 TRACE_VERSION = 1
-Role = Literal["oracle", "candidate"]
 ROLES: tuple[str, ...] = ("oracle", "candidate")
 FINISH_REASONS = ("length", "stop", None)
 # One top-k list: (token_id, logprob) pairs, logprob descending then token id ascending.
@@ -392,7 +391,7 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
             why = f"missing: an oracle record needs top-k logprobs (prompt {rid!r})"
             raise TraceError(name, lineno, "top_logprobs", why)
     else:
-        top = checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle)
+        top = check_top_logprobs(name, lineno, top, token_ids, oracle=oracle)
 
     finish = obj.get("finish_reason")
     if finish not in FINISH_REASONS:
@@ -428,16 +427,10 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
 
 def check_top_logprobs(
     name: str, lineno: int | None, top: Any, token_ids: Sequence[int], *, oracle: bool, fld: str = "top_logprobs"
-) -> None:
-    """Validate one record's top-k lists; raise TraceError naming the first bad element."""
-    checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle, fld=fld)
-
-
-def checked_top_logprobs(
-    name: str, lineno: int | None, top: Any, token_ids: Sequence[int], *, oracle: bool, fld: str = "top_logprobs"
 ) -> Sequence[TopList]:
-    """Validate one record's top-k lists and return them, as a compact `TopLogprobs` when
-    every position has the same k (the rule for an oracle), else as given."""
+    """Validate one record's top-k lists (TraceError naming the first bad element) and return
+    them, as a compact `TopLogprobs` when every position has the same k (the rule for an
+    oracle), else as given."""
     if not isinstance(top, list):
         raise TraceError(name, lineno, fld, "must be a list (one top-k list per generated position)")
     if len(top) != len(token_ids):

@@ -15,7 +15,6 @@ from gate.core.adjudicate import (
     STRICT_PASS,
     Divergence,
     GateResult,
-    PromptResult,
 )
 
 # The one-line reason an exact tie can split two honest engines.
@@ -121,12 +120,6 @@ def by_prompt(result: GateResult) -> dict[str, list[Divergence]]:
     for d in result.divergences:
         out.setdefault(d.prompt_id, []).append(d)
     return out
-
-
-def prompt_status(p: PromptResult) -> str:
-    if p.strict:
-        return "strict"
-    return "ratified" if p.ratified else "failed"
 
 
 def verdict_line(result: GateResult) -> str:
