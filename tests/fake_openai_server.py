@@ -333,7 +333,8 @@ def write_fake_pin(
     """A pin folder under `root` whose oracle is `fake` (the model this server serves), so
     `gate run --engine openai` can gate the server without any real model. Returns the
     pin file. The prompts are text; their pinned token ids are the text's bytes."""
-    from gate.core.pins import OracleSettings, folder_for_writing, oracle_header, write_pin
+    from gate.core.oracle_settings import OracleSettings
+    from gate.core.pins import folder_for_writing, oracle_header, write_pin
     from gate.core.suite import parse_suite
     from gate.core.trace import PromptRecord, Trace
 

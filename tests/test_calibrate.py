@@ -19,16 +19,9 @@ from typer.testing import CliRunner
 
 from gate.cli.main import app, main
 from gate.core.adjudicate import compare
-from gate.core.calibrate import (
-    CALIBRATION_META_KEY,
-    Distribution,
-    Histogram,
-    Pairs,
-    attach_calibration,
-    calibrate,
-    contender_bound,
-    recommend,
-)
+from gate.core.calibrate import attach_calibration, calibrate
+from gate.core.calibration import CALIBRATION_META_KEY, Distribution, Histogram
+from gate.core.recommend import Pairs, contender_bound, recommend
 from gate.core.trace import PromptRecord, Trace, TraceHeader, write_trace
 from gate.errors import InputError
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from gate_cli import invoke
 
-from gate.core.pins import diff_pins, exact_top2_ties, load_pin
+from gate.core.pin_diff import diff_pins, exact_top2_ties
+from gate.core.pins import load_pin
 from gate.core.trace import read_trace
 
 pytest.importorskip("transformers")

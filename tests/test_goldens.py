@@ -28,21 +28,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate.core.doctrine import Doctrine
-from gate.core.goldens import (
+from gate.core.golden_moves import (
     NEAR_TIE_FLIP,
     REAL_CHANGE,
     TIE_BREAK,
     GoldenMove,
     GoldensResult,
-    accepted_golden,
-    engine_key,
     find_moves,
     first_move,
-    golden_header,
-    golden_path,
     judge_move,
 )
-from gate.core.pins import Pin, exact_top2_ties, load_pin
+from gate.core.goldens import accepted_golden, engine_key, golden_header, golden_path
+from gate.core.pin_diff import exact_top2_ties
+from gate.core.pins import Pin, load_pin
 from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
 from gate.errors import InputError
 

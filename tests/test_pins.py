@@ -12,17 +12,9 @@ from pathlib import Path
 import pytest
 from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake, toy_pin_folder, write_jsonl
 
-from gate.core.pins import (
-    OracleSettings,
-    check_model_id,
-    diff_pins,
-    exact_top2_ties,
-    find_folder,
-    load_pin,
-    pin_folder,
-    read_settings,
-    search_roots,
-)
+from gate.core.oracle_settings import OracleSettings, read_settings
+from gate.core.pin_diff import diff_pins, exact_top2_ties
+from gate.core.pins import check_model_id, find_folder, load_pin, pin_folder, search_roots
 from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace
 from gate.errors import InputError, PinError
 

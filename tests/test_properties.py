@@ -161,7 +161,7 @@ def maybe_broken(draw: st.DrawFn) -> tuple[list[Any], list[int]]:
             top[i][j][1] = draw(HOSTILE)
         elif how == "swap" and k > 1:
             top[i][0], top[i][-1] = top[i][-1], top[i][0]
-        elif how == "dup" and k > 1:
+        elif how == "dup" and k > 1 and len(top[i][0]) == 2 and len(top[i][-1]) == 2:  # not cut by "len"
             top[i][-1] = [top[i][0][0], top[i][-1][1]]
         elif how == "len":
             top[i][j] = top[i][j][:1] if draw(st.booleans()) else [*top[i][j], 0]

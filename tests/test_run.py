@@ -16,7 +16,8 @@ import pytest
 from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
 from gate.core.doctrine import Doctrine
-from gate.core.pins import exact_top2_ties, load_pin
+from gate.core.pin_diff import exact_top2_ties
+from gate.core.pins import load_pin
 from gate.core.trace import read_trace
 from gate.workflows.run import (
     Timings,
@@ -348,7 +349,8 @@ def test_runner_functions_compose(pins: Path) -> None:
     outcome = gate_against_pin(engine, pin, Doctrine(), timings=Timings(load_s=1.5))
     assert outcome.result.verdict == "ratified_pass"
     assert outcome.timings.load_s == 1.5 and outcome.timings.total_s >= 1.5
-    meta = outcome.result.meta
+    assert outcome.result.run is not None
+    meta = outcome.result.run.to_dict()
     assert meta["timings"]["load_s"] == 1.5 and meta["forced_prompts"] == list(ids)
 
 

@@ -21,7 +21,8 @@ pytest.importorskip("transformers")
 
 from gate.core.adjudicate import compare
 from gate.core.doctrine import Doctrine
-from gate.core.pins import exact_top2_ties, load_pin
+from gate.core.pin_diff import exact_top2_ties
+from gate.core.pins import load_pin
 from gate.core.selftest import (
     CAUGHT,
     EXPECT_DEFECT,

@@ -354,7 +354,8 @@ def test_gate_merge_against_the_pins_suite(tmp_path: Path, shard_files: list[Pat
 
 
 def test_gate_merge_against_a_changed_suite(tmp_path: Path) -> None:
-    from gate.core.pins import find_folder, load_suite, read_settings
+    from gate.core.oracle_settings import read_settings
+    from gate.core.pins import find_folder, load_suite
 
     pins = tmp_path / "pins"
     _pin_folder(pins, IDS)

@@ -38,14 +38,8 @@ def record_goldens(
     from gate.cli.output import refuse_overwrite, say
     from gate.core.atomic import atomic_write
     from gate.core.doctrine import Doctrine
-    from gate.core.goldens import (
-        DEFAULT_ENGINE,
-        check_golden_against_pin,
-        encode_golden,
-        find_moves,
-        goldens_summary,
-        path_for_writing,
-    )
+    from gate.core.golden_moves import find_moves, goldens_summary
+    from gate.core.goldens import DEFAULT_ENGINE, check_golden_against_pin, encode_golden, path_for_writing
     from gate.core.pins import load_pin
     from gate.core.trace import read_trace
     from gate.errors import InputError
@@ -80,7 +74,7 @@ def record_goldens(
     if old is not None:
         try:
             check_golden_against_pin(old, pin)
-            from gate.core.goldens import GoldensResult
+            from gate.core.golden_moves import GoldensResult
 
             moves = find_moves(old, trace, pin.trace, Doctrine())
             result = GoldensResult(
@@ -121,11 +115,13 @@ def check_goldens(
     accept: bool,
     near_tie_mnats: float | None,
     near_tie_ulps: float | None,
+    output: Path | None = None,
+    force: bool = False,
 ) -> int:
     from dataclasses import replace
 
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
-    from gate.cli.output import emit
+    from gate.cli.output import emit, refuse_overwrite
     from gate.core.atomic import atomic_write
     from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
     from gate.core.goldens import (
@@ -144,6 +140,7 @@ def check_goldens(
     from gate.workflows.goldens import check_golden
 
     fmt = check_format("GoldensResult", fmt)
+    refuse_overwrite(force, (output, "--output"))
     opts = parse_engine_opts(engine_opts)
     doctrine = Doctrine(
         near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
@@ -171,10 +168,10 @@ def check_goldens(
         try:
             kept = atomic_write(path, encode_golden(new), overwrite=True, backup=True)
         except GateError:
-            emit(result, fmt, engine_ran=True)
+            emit(result, fmt, output, force=force, engine_ran=True)
             raise
         result = replace(result, accepted=display_path(path), backup=display_path(kept) if kept else None)
-    emit(result, fmt, engine_ran=True)
+    emit(result, fmt, output, force=force, engine_ran=True)
     return result.exit_code
 
 
@@ -247,6 +244,8 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option("--near-tie-ulps", help="Also count gaps within N dtype grid steps as near ties."),
         ] = None,
+        output: options.Output = None,
+        force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
     ) -> None:
         """Re-run the engine and list every golden that moved, with its cause (exit 0 none, 1 moved).
 
@@ -265,6 +264,8 @@ def register(app: typer.Typer) -> None:
                 accept=accept,
                 near_tie_mnats=near_tie_mnats,
                 near_tie_ulps=near_tie_ulps,
+                output=output,
+                force=force,
             )
         )
 

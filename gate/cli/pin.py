@@ -28,14 +28,9 @@ def record_pin(
 ) -> int:
     from gate.cli.common import parse_engine_opts
     from gate.cli.output import refuse_overwrite, say
-    from gate.core.pins import (
-        SUITE_FILE,
-        diff_pins,
-        exact_top2_ties,
-        folder_for_writing,
-        read_settings,
-        write_pin,
-    )
+    from gate.core.oracle_settings import read_settings
+    from gate.core.pin_diff import diff_pins, exact_top2_ties
+    from gate.core.pins import SUITE_FILE, folder_for_writing, write_pin
     from gate.core.suite import read_suite
     from gate.core.trace import read_trace
     from gate.engines.registry import load_engine
@@ -99,7 +94,8 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
 
     from gate.cli.common import default_model
     from gate.cli.output import write_data
-    from gate.core.pins import exact_top2_ties, load_pin
+    from gate.core.pin_diff import exact_top2_ties
+    from gate.core.pins import load_pin
 
     pin = load_pin(model or default_model(), pins_dir)
     header = pin.trace.header

@@ -45,7 +45,8 @@ def merge_files(
                 f"{expect_ids_from} is an oracle for {oracle.header.model!r}, the shards are for {model!r}"
             )
     elif pin_model is not None:
-        from gate.core.pins import find_folder, load_suite, read_settings
+        from gate.core.oracle_settings import read_settings
+        from gate.core.pins import find_folder, load_suite
 
         folder = find_folder(pin_model, pins_dir)
         suite = load_suite(folder, read_settings(folder.settings_path))

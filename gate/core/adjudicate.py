@@ -14,13 +14,13 @@ from typing import Any
 
 from gate.core.consistency import check_something_to_compare, header_warnings
 from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
+from gate.core.run_record import RunRecord
 from gate.core.trace import PromptRecord, TopList, Trace
 from gate.errors import InputError
 
 EXACT_TIE = "exact_tie"
 NEAR_TIE = "near_tie"
 DEFECT = "defect"
-CLASSES = (EXACT_TIE, NEAR_TIE, DEFECT)
 _SEVERITY = {EXACT_TIE: 0, NEAR_TIE: 1, DEFECT: 2}
 
 FREE_RUN = "free_run"
@@ -141,6 +141,9 @@ class GateResult:
     model: str = ""
     oracle_engine: str = ""
     candidate_engine: str = ""
+    # What ran (`gate run`): None for two trace files compared as they are.
+    run: RunRecord | None = None
+    # Attachments for the reports, e.g. the HTML report's "figures" (`gate.core.calibrate`).
     meta: dict[str, Any] = field(default_factory=dict)
     # What the inputs say that a person should know but that does not decide the verdict
     # (the two headers name different models, say). Shown in every report.
@@ -194,6 +197,9 @@ class GateResult:
             "oracle_engine": self.oracle_engine,
             "candidate_engine": self.candidate_engine,
             "warnings": list(self.warnings),
+            # A report of part of the suite says so, and what ran (a complete run's report
+            # stays the same whether it was sharded, resumed or run at once).
+            **({"meta": self.run.to_dict()} if self.run is not None and self.run.partial else {}),
         }
 
 

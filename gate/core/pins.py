@@ -16,19 +16,18 @@ an engine; `gate.workflows.pin_record` does.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from gate import __version__
 from gate.core.atomic import atomic_write
+from gate.core.files import data_roots
+from gate.core.oracle_settings import OracleSettings, read_settings
 from gate.core.suite import Suite, read_suite
 from gate.core.trace import Trace, TraceHeader, encode_trace, read_trace
 from gate.errors import InputError, PinError
@@ -38,11 +37,6 @@ ENV_PINS_DIR = "GATE_PINS_DIR"
 PIN_FILE = "pin.jsonl"
 SUITE_FILE = "suite.jsonl"
 SETTINGS_FILE = "oracle.json"
-
-# The repository checkout this package runs from (an editable install): its oracle_pins/
-# holds the committed default pin.
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 # --------------------------------------------------------------------------- locating
 
@@ -69,17 +63,7 @@ def check_model_id(model: str) -> str:
 def search_roots(pins_dir: Path | None = None, *, cwd: Path | None = None) -> list[Path]:
     """Where pins are looked for, in order: --pins-dir; else $GATE_PINS_DIR; else ./oracle_pins
     and the oracle_pins/ of the checkout gate runs from."""
-    if pins_dir is not None:
-        return [Path(pins_dir)]
-    env = os.environ.get(ENV_PINS_DIR)
-    if env:
-        return [Path(env)]
-    here = (cwd or Path.cwd()) / PINS_DIRNAME
-    roots = [here]
-    repo = _REPO_ROOT / PINS_DIRNAME
-    if repo.resolve() != here.resolve():
-        roots.append(repo)
-    return roots
+    return data_roots(PINS_DIRNAME, ENV_PINS_DIR, pins_dir, cwd=cwd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,147 +147,6 @@ def known_models(root: Path) -> list[str]:
         for f in root.glob(f"**/{name}"):
             out.add("/".join(f.parent.relative_to(root).parts))
     return sorted(out)
-
-
-# --------------------------------------------------------------------------- oracle settings
-
-_INT_FIELDS = ("max_tokens", "top_k", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
-_STR_FIELDS = ("model", "engine", "dtype", "revision", "notes")
-# Settings that are engine options of the oracle engine, beside `engine_options`.
-_ENGINE_FIELDS = ("dtype", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
-
-
-@dataclass(frozen=True, slots=True)
-class OracleSettings:
-    """oracle.json: how the oracle is run for one model."""
-
-    model: str | None = None
-    engine: str = "vllm"
-    dtype: str = "bfloat16"
-    max_tokens: int = 32
-    # vLLM returns at most `max_logprobs` (20 by default) top logprobs per position.
-    top_k: int = 20
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    max_model_len: int | None = None
-    engine_options: Mapping[str, Any] = field(default_factory=dict)
-    revision: str | None = None
-    notes: str | None = None
-    # The pin's own doctrine (near_tie_mnats, near_tie_ulps), measured for this oracle and
-    # its usual candidates; `gate run`'s flags override it.
-    doctrine: Mapping[str, float] = field(default_factory=dict)
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        """Options for the oracle engine: the named settings, then `engine_options`.
-
-        A parallel size of 1 is the engine's default and is left out, so an oracle engine
-        without parallelism (a plugin, a test fake) needs no such option."""
-        out: dict[str, Any] = {}
-        for name in _ENGINE_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not (name.endswith("_parallel_size") and value == 1):
-                out[name] = value
-        out.update(self.engine_options)
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in ("model", "engine", "dtype", *_INT_FIELDS, "revision"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        if self.engine_options:
-            out["engine_options"] = dict(self.engine_options)
-        if self.doctrine:
-            out["doctrine"] = dict(self.doctrine)
-        if self.notes is not None:
-            out["notes"] = self.notes
-        return out
-
-    def encode(self) -> bytes:
-        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
-
-    def with_overrides(
-        self, *, max_tokens: int | None = None, top_k: int | None = None, engine_opts: Mapping[str, str] | None = None
-    ) -> OracleSettings:
-        """`gate pin record`'s flags over the folder's settings; `--engine-opt` of a named
-        setting (dtype, tensor_parallel_size, ...) replaces it."""
-        changes: dict[str, Any] = {}
-        if max_tokens is not None:
-            changes["max_tokens"] = max_tokens
-        if top_k is not None:
-            changes["top_k"] = top_k
-        extra = dict(self.engine_options)
-        for key, raw in (engine_opts or {}).items():
-            if key in _ENGINE_FIELDS:
-                changes[key] = _setting_value(f"--engine-opt {key}", key, raw)
-            else:
-                extra[key] = raw
-        changes["engine_options"] = extra
-        out = replace(self, **changes)
-        _check_settings(out, "--engine-opt/--max-tokens/--top-k")
-        return out
-
-
-def _setting_value(where: str, key: str, raw: str) -> Any:
-    if key == "dtype":
-        return raw
-    try:
-        return int(raw)
-    except ValueError:
-        raise InputError(f"{where}={raw}: expected an integer") from None
-
-
-def _check_settings(s: OracleSettings, where: str) -> None:
-    for name in ("max_tokens", "top_k", "tensor_parallel_size", "pipeline_parallel_size"):
-        value = getattr(s, name)
-        if type(value) is not int or value < 1:
-            raise InputError(f"{where}: field '{name}': must be an integer >= 1, found {value!r}")
-    if s.max_model_len is not None and (type(s.max_model_len) is not int or s.max_model_len < 1):
-        raise InputError(f"{where}: field 'max_model_len': must be an integer >= 1 or null, found {s.max_model_len!r}")
-
-
-DOCTRINE_KEYS = ("near_tie_mnats", "near_tie_ulps")
-
-
-def _check_doctrine(name: str, value: Any) -> None:
-    if not isinstance(value, dict):
-        raise InputError(f"{name}: field 'doctrine': must be an object, found {value!r}")
-    for key, v in value.items():
-        if key not in DOCTRINE_KEYS:
-            raise InputError(f"{name}: field 'doctrine.{key}': unknown (known: {', '.join(DOCTRINE_KEYS)})")
-        if type(v) not in (int, float) or not 0 <= v < float("inf"):
-            raise InputError(f"{name}: field 'doctrine.{key}': must be a number >= 0, found {v!r}")
-
-
-def read_settings(path: Path) -> OracleSettings:
-    """Read oracle.json; a missing file means the defaults."""
-    name = str(path)
-    if not path.exists():
-        return OracleSettings()
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"{name}: bad JSON: {exc}") from None
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{name}: must be a JSON object of oracle settings")
-    known = (*_STR_FIELDS, *_INT_FIELDS, "engine_options", "doctrine")
-    kwargs: dict[str, Any] = {}
-    for key, value in obj.items():
-        if key not in known:
-            raise InputError(f"{name}: field '{key}': unknown setting (known: {', '.join(known)})")
-        if key in _STR_FIELDS and value is not None and not isinstance(value, str):
-            raise InputError(f"{name}: field '{key}': must be a string, found {value!r}")
-        if key == "engine_options" and not isinstance(value, dict):
-            raise InputError(f"{name}: field 'engine_options': must be an object, found {value!r}")
-        if key == "doctrine":
-            _check_doctrine(name, value)
-        kwargs[key] = value
-    settings = OracleSettings(**kwargs)
-    _check_settings(settings, name)
-    return settings
 
 
 # --------------------------------------------------------------------------- the pin
@@ -452,116 +295,6 @@ def oracle_header(
     }
     extra = {k: v for k, v in extra.items() if v is not None}
     return TraceHeader(role="oracle", model=model, top_k=top_k, engine=engine, extra=extra)
-
-
-# --------------------------------------------------------------------------- ties and diffs
-
-
-@dataclass(frozen=True, slots=True)
-class Top2Tie:
-    """An oracle position whose two highest logprobs are bit-identical."""
-
-    prompt_id: str
-    position: int
-    chosen: int
-    other: int
-    logprob: float
-
-
-def exact_top2_ties(trace: Trace) -> list[Top2Tie]:
-    """Positions where the oracle's top two logprobs are equal bit for bit: where an engine
-    that breaks ties toward the higher id (not torch.argmax's lowest) must diverge."""
-    out = []
-    for rec in trace.records:
-        for i, top in enumerate(rec.top_logprobs or ()):
-            if len(top) >= 2 and float(top[0][1]) == float(top[1][1]):
-                out.append(Top2Tie(rec.id, i, int(top[0][0]), int(top[1][0]), float(top[0][1])))
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class PromptMove:
-    """How one prompt's oracle record moved between two pins."""
-
-    id: str
-    prompt_changed: bool = False
-    first_token_change: int | None = None
-    token_positions: tuple[int, ...] = ()
-    logprob_positions: tuple[int, ...] = ()
-    length: tuple[int, int] = (0, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class PinDiff:
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    moved: tuple[PromptMove, ...]
-    prompts: int
-
-    @property
-    def unchanged(self) -> bool:
-        return not (self.added or self.removed or self.moved)
-
-    def lines(self) -> list[str]:
-        if self.unchanged:
-            return [f"the new pin matches the old one bit for bit ({self.prompts} prompts)"]
-        out = [
-            f"against the old pin: {len(self.moved)} of {self.prompts} prompts moved, "
-            f"{len(self.added)} added, {len(self.removed)} removed"
-        ]
-        if self.added:
-            out.append(f"  added: {', '.join(self.added)}")
-        if self.removed:
-            out.append(f"  removed: {', '.join(self.removed)}")
-        for m in self.moved:
-            parts = []
-            if m.prompt_changed:
-                parts.append("prompt token ids changed")
-            if m.first_token_change is not None:
-                parts.append(f"tokens differ from position {m.first_token_change} ({len(m.token_positions)} positions)")
-            if m.length[0] != m.length[1]:
-                parts.append(f"length {m.length[0]} -> {m.length[1]}")
-            if m.logprob_positions:
-                parts.append(f"logprobs moved at positions {_positions(m.logprob_positions)}")
-            out.append(f"  {m.id}: " + "; ".join(parts))
-        return out
-
-
-def _positions(ps: Sequence[int]) -> str:
-    shown = ", ".join(str(p) for p in ps[:12])
-    return shown + (f" and {len(ps) - 12} more" if len(ps) > 12 else "")
-
-
-def diff_pins(old: Trace, new: Trace) -> PinDiff:
-    """Which prompts and positions moved from `old` to `new`: token ids, or any logprob (bitwise)."""
-    old_by, new_by = old.by_id(), new.by_id()
-    added = tuple(i for i in new_by if i not in old_by)
-    removed = tuple(i for i in old_by if i not in new_by)
-    moved = []
-    for pid, n in new_by.items():
-        o = old_by.get(pid)
-        if o is None:
-            continue
-        length = min(len(o.token_ids), len(n.token_ids))
-        tokens = tuple(i for i in range(length) if o.token_ids[i] != n.token_ids[i])
-        first = tokens[0] if tokens else (length if len(o.token_ids) != len(n.token_ids) else None)
-        ot, nt = o.top_logprobs or (), n.top_logprobs or ()
-        lps = tuple(i for i in range(min(len(ot), len(nt))) if _top_list(ot[i]) != _top_list(nt[i]))
-        move = PromptMove(
-            id=pid,
-            prompt_changed=o.prompt_token_ids != n.prompt_token_ids,
-            first_token_change=first,
-            token_positions=tokens,
-            logprob_positions=lps,
-            length=(len(o.token_ids), len(n.token_ids)),
-        )
-        if move.prompt_changed or first is not None or lps:
-            moved.append(move)
-    return PinDiff(added=added, removed=removed, moved=tuple(moved), prompts=len(new_by))
-
-
-def _top_list(top: Iterable[Sequence[Any]]) -> list[tuple[int, float]]:
-    return [(int(t), float(lp)) for t, lp in top]
 
 
 # --------------------------------------------------------------------------- writing

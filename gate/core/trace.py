@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Literal, overload
+from typing import Any, overload
 
 import numpy as np
 import orjson
@@ -27,7 +27,6 @@ from gate.core.atomic import atomic_write
 from gate.errors import TraceError
 
 TRACE_VERSION = 1
-Role = Literal["oracle", "candidate"]
 ROLES: tuple[str, ...] = ("oracle", "candidate")
 FINISH_REASONS = ("length", "stop", None)
 # One top-k list: (token_id, logprob) pairs, logprob descending then token id ascending.
@@ -485,7 +484,7 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
         if header.top_k == 0:
             why = "the header's top_k is 0 (no logprobs), but this record carries top-k lists"
             raise TraceError(name, lineno, "top_logprobs", why)
-        top = checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle, top_k=header.top_k)
+        top = check_top_logprobs(name, lineno, top, token_ids, oracle=oracle, top_k=header.top_k)
 
     finish = obj.get("finish_reason")
     if finish not in FINISH_REASONS:
@@ -565,23 +564,10 @@ def check_top_logprobs(
     oracle: bool,
     fld: str = "top_logprobs",
     top_k: int | None = None,
-) -> None:
-    """Validate one record's top-k lists; raise TraceError naming the first bad element."""
-    checked_top_logprobs(name, lineno, top, token_ids, oracle=oracle, fld=fld, top_k=top_k)
-
-
-def checked_top_logprobs(
-    name: str,
-    lineno: int | None,
-    top: Any,
-    token_ids: Sequence[int],
-    *,
-    oracle: bool,
-    fld: str = "top_logprobs",
-    top_k: int | None = None,
 ) -> Sequence[TopList]:
-    """Validate one record's top-k lists and return them, as a compact `TopLogprobs` when
-    every position has the same k (the rule for an oracle), else as given.
+    """Validate one record's top-k lists (TraceError naming the first bad element) and return
+    them, as a compact `TopLogprobs` when every position has the same k (the rule for an
+    oracle), else as given.
 
     With `top_k` (the header's), a list may hold at most that many pairs; a candidate's one
     more, the chosen token when it falls outside its top-k (vLLM lists it so)."""

@@ -21,43 +21,25 @@ and every message gate builds from a server's answer is scrubbed of it.
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import os
-import random
 import re
-import socket
-import ssl
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 import orjson
 
 from gate import __version__
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.trace import PromptRecord
+from gate.engines.openai_http import HttpClient, ServerError, Transport, error_text, parse_base_url, quote
 from gate.errors import EngineError, InputError
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FORCED_MODES = ("none", "prefill")
 # vLLM's server refuses `logprobs` above its `--max-logprobs` (20 unless raised).
 DEFAULT_MAX_LOGPROBS = 20
-# A Retry-After longer than this is not waited out: the run would look hung.
-MAX_RETRY_AFTER_S = 60.0
-MAX_BACKOFF_S = 30.0
-# Any other 4xx is the request's fault, and 501/505 are the server's final word: another
-# attempt will not improve them.
-NO_RETRY_5XX = frozenset({501, 505})
-# Bodies quoted in error messages are cut to this many characters.
-QUOTE_CHARS = 300
-
 # Request keys the engine's correctness rests on; extra_body may not touch them.
 _OWNED_KEYS = frozenset(
     {"model", "prompt", "max_tokens", "temperature", "logprobs", "echo", "n", "stream", "return_tokens_as_token_ids"}
@@ -76,127 +58,6 @@ SCHEMA: dict[str, tuple[type, Any]] = {
     "max_logprobs": (int, DEFAULT_MAX_LOGPROBS),
     "extra_body": (str, None),
 }
-
-
-class ServerError(EngineError):
-    """The server answered with an HTTP error status (kept in `status`)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class _Retryable(Exception):
-    """One failed attempt that another attempt may fix; `wait` is the server's Retry-After."""
-
-    def __init__(self, reason: str, detail: str = "", wait: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.detail = detail
-        self.wait = wait
-
-
-@dataclass(frozen=True, slots=True)
-class _Endpoint:
-    scheme: str
-    host: str
-    port: int
-    prefix: str  # path up to and including /v1, without a trailing slash
-
-    @property
-    def display(self) -> str:
-        """The URL as it may be shown: no user, password or query string."""
-        default = 443 if self.scheme == "https" else 80
-        port = "" if self.port == default else f":{self.port}"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}{port}{self.prefix}"
-
-
-def _parse_base_url(raw: str) -> _Endpoint:
-    url = raw.strip()
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise InputError(f"--engine-opt base_url: not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError("--engine-opt base_url: expected http://HOST:PORT or https://HOST[/PREFIX]")
-    path = parts.path.rstrip("/")
-    # Clients disagree on whether the base URL ends in /v1; accept both.
-    if not path.endswith("/v1"):
-        path += "/v1"
-    return _Endpoint(
-        scheme=parts.scheme,
-        host=parts.hostname,
-        port=port or (443 if parts.scheme == "https" else 80),
-        prefix=path,
-    )
-
-
-class _Transport:
-    """Blocking JSON over HTTP with one keep-alive connection per thread."""
-
-    def __init__(self, endpoint: _Endpoint, timeout: float, headers: Mapping[str, str]) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self.headers = dict(headers)
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._open: set[http.client.HTTPConnection] = set()
-
-    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn, True
-        ep = self.endpoint
-        if ep.scheme == "https":
-            conn = http.client.HTTPSConnection(
-                ep.host, ep.port, timeout=self.timeout, context=ssl.create_default_context()
-            )
-        else:
-            conn = http.client.HTTPConnection(ep.host, ep.port, timeout=self.timeout)
-        self._local.conn = conn
-        with self._lock:
-            self._open.add(conn)
-        return conn, False
-
-    def _drop(self, conn: http.client.HTTPConnection) -> None:
-        conn.close()
-        self._local.conn = None
-        with self._lock:
-            self._open.discard(conn)
-
-    def request(self, method: str, path: str, body: bytes | None) -> tuple[int, str, Mapping[str, str], bytes]:
-        """One round trip: (status, reason, headers, body). Raises OSError/HTTPException."""
-        headers = dict(self.headers)
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        while True:
-            conn, reused = self._connection()
-            try:
-                conn.request(method, self.endpoint.prefix + path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self._drop(conn)
-                # Most likely a kept-alive connection the server closed while idle: one more
-                # try on a fresh connection is not counted as a retry (greedy requests are
-                # idempotent, so a request that did arrive may safely be sent again).
-                if reused:
-                    continue
-                raise
-            except BaseException:
-                self._drop(conn)
-                raise
-            if resp.will_close:
-                self._drop(conn)
-            return resp.status, resp.reason, {k.lower(): v for k, v in resp.getheaders()}, data
-
-    def close(self) -> None:
-        with self._lock:
-            conns, self._open = list(self._open), set()
-        for conn in conns:
-            conn.close()
 
 
 class OpenAIEngine:
@@ -222,7 +83,7 @@ class OpenAIEngine:
         opts = parse_options(self.name, options, SCHEMA)
         if not opts["base_url"]:
             raise InputError("engine 'openai' needs --engine-opt base_url=http://HOST:PORT")
-        self.endpoint = _parse_base_url(opts["base_url"])
+        self.endpoint = parse_base_url(opts["base_url"])
         self.model = model
         self.served_model: str = opts["model"] or model
         if not (math.isfinite(opts["timeout"]) and opts["timeout"] > 0):
@@ -242,7 +103,7 @@ class OpenAIEngine:
         self.max_logprobs: int = opts["max_logprobs"]
         self.extra_body = _parse_extra_body(opts["extra_body"])
         self.api_key_env: str | None = opts["api_key_env"] or None
-        self._secret = ""
+        secret = ""
         headers = {"Accept": "application/json", "User-Agent": f"gate/{__version__}"}
         if self.api_key_env:
             key = os.environ.get(self.api_key_env, "")
@@ -250,9 +111,16 @@ class OpenAIEngine:
                 raise InputError(
                     f"--engine-opt api_key_env={self.api_key_env}: the environment variable is not set or empty"
                 )
-            self._secret = key
+            secret = key
             headers["Authorization"] = f"Bearer {key}"
-        self._transport = _Transport(self.endpoint, self.timeout, headers)
+        self._http = HttpClient(
+            self.endpoint,
+            Transport(self.endpoint, self.timeout, headers),
+            timeout=self.timeout,
+            backoff=self.backoff,
+            secret=secret,
+            hints=_hints(self.api_key_env, self.served_model),
+        )
         self._server_models: list[str] | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -303,7 +171,7 @@ class OpenAIEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        self._transport.close()
+        self._http.close()
 
     # ----------------------------------------------------------------- requests
 
@@ -460,7 +328,7 @@ class OpenAIEngine:
 
     def _choice(self, obj: Any, where: str, prompt_id: str | None) -> dict[str, Any]:
         if isinstance(obj, dict) and isinstance(obj.get("error"), (dict, str)) and "choices" not in obj:
-            self._fail(where, prompt_id, f"the server answered with an error: {_error_text(obj)}")
+            self._fail(where, prompt_id, f"the server answered with an error: {error_text(obj)}")
         choices = obj.get("choices") if isinstance(obj, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             self._fail(where, prompt_id, "the response has no choices[0] object")
@@ -476,7 +344,7 @@ class OpenAIEngine:
         self._fail(
             where,
             prompt_id,
-            f"logprobs.{fld} is {_quote(repr(value), 60)}, not 'token_id:N': the server does not honour "
+            f"logprobs.{fld} is {quote(repr(value), 60)}, not 'token_id:N': the server does not honour "
             "return_tokens_as_token_ids, and tokens keyed by decoded text collide for distinct ids, so gate "
             "cannot recover token ids from this server (vLLM supports the flag; see the README)",
         )
@@ -520,9 +388,9 @@ class OpenAIEngine:
         raise EngineError(self._scrub(f"{where}{about}: {problem}"))
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self._secret, "[api key]") if self._secret else text
+        return self._http.scrub(text)
 
-    # ----------------------------------------------------------------- transport
+    # ----------------------------------------------------------------- requests
 
     def _map(self, fn: Callable[[PromptInput], PromptRecord], prompts: Sequence[PromptInput]) -> list[PromptRecord]:
         if self.concurrency == 1 or len(prompts) <= 1:
@@ -541,11 +409,11 @@ class OpenAIEngine:
         return [fut.result() for fut in futures]
 
     def _post(self, path: str, body: bytes) -> Any:
-        return self._call("POST", path, body, self.retries)
+        return self._http.call("POST", path, body, self.retries)
 
     def _list_models(self) -> list[str]:
         try:
-            obj = self._call("GET", "/models", None, 0)
+            obj = self._http.call("GET", "/models", None, 0)
         except EngineError:
             return []
         data = obj.get("data") if isinstance(obj, dict) else None
@@ -553,75 +421,6 @@ class OpenAIEngine:
             return []
         return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
-    def _call(self, method: str, path: str, body: bytes | None, retries: int) -> Any:
-        url = self.endpoint.display + path
-        attempts = retries + 1
-        for attempt in range(attempts):
-            try:
-                return self._attempt(method, path, body, url)
-            except _Retryable as exc:
-                if attempt + 1 >= attempts:
-                    tries = f"after {attempts} attempts" if attempts > 1 else "(retries=0)"
-                    raise EngineError(self._scrub(_joined(f"{url}: {exc.reason} {tries}", exc.detail))) from None
-                time.sleep(exc.wait if exc.wait is not None else self._backoff_s(attempt))
-        raise AssertionError("unreachable")
-
-    def _backoff_s(self, attempt: int) -> float:
-        # Exponential with "equal jitter": half the step fixed, half random, so that
-        # concurrent workers that failed together do not retry together.
-        step = min(MAX_BACKOFF_S, self.backoff * 2.0**attempt)
-        return step / 2 + random.uniform(0.0, step / 2)
-
-    def _attempt(self, method: str, path: str, body: bytes | None, url: str) -> Any:
-        try:
-            status, reason, headers, data = self._transport.request(method, path, body)
-        except TimeoutError:
-            raise _Retryable(
-                f"no response within {self.timeout:g} s", "a slow server needs a larger --engine-opt timeout"
-            ) from None
-        except ConnectionRefusedError:
-            raise _Retryable("connection refused", "is the server running and listening there?") from None
-        except (ConnectionError, http.client.HTTPException) as exc:
-            raise _Retryable(f"connection failed ({type(exc).__name__})", str(exc)) from None
-        except socket.gaierror as exc:
-            raise EngineError(self._scrub(f"{url}: cannot resolve host {self.endpoint.host!r}: {exc}")) from None
-        except ssl.SSLError as exc:
-            raise EngineError(self._scrub(f"{url}: TLS failed: {exc}")) from None
-        except OSError as exc:
-            raise _Retryable("connection failed", str(exc.strerror or exc)) from None
-        if status in (408, 429) or (500 <= status < 600 and status not in NO_RETRY_5XX):
-            raise _Retryable(
-                f"HTTP {status} {reason}", _error_text(_loads_or_text(data)), _retry_after(headers.get("retry-after"))
-            )
-        if status >= 400:
-            detail = _error_text(_loads_or_text(data))
-            hint = ""
-            if status in (401, 403):
-                hint = (
-                    f" (check the key in ${self.api_key_env})"
-                    if self.api_key_env
-                    else " (the server wants a key: --engine-opt api_key_env=VARIABLE)"
-                )
-            elif status == 404:
-                hint = f" (is {self.served_model!r} the served model name? --engine-opt model=NAME)"
-            raise ServerError(self._scrub(_joined(f"{url}: HTTP {status} {reason}{hint}", detail)), status)
-        if 300 <= status < 400:
-            raise EngineError(
-                self._scrub(
-                    f"{url}: HTTP {status} redirect to {headers.get('location', '?')!r}: "
-                    "gate does not follow redirects (it would resend the key); "
-                    "set base_url to the final address"
-                )
-            )
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise EngineError(
-                self._scrub(
-                    f"{url}: malformed JSON in the HTTP {status} response ({exc}); the body begins "
-                    f"{_quote(data.decode('utf-8', 'replace'), 80)!r}"
-                )
-            ) from None
 
 
 def _prompt_logprob_rows(choice: Mapping[str, Any], n: int) -> list[dict[Any, Any] | None] | None:
@@ -659,45 +458,11 @@ def _parse_extra_body(raw: Any) -> dict[str, Any]:
     return obj
 
 
-def _loads_or_text(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return data.decode("utf-8", "replace")
-
-
-def _error_text(obj: Any) -> str:
-    """The message of an OpenAI-style error body ({"error": {"message": ...}}), else the body."""
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict):
-            msg = err.get("message") or err.get("detail") or json.dumps(err)
-        else:
-            msg = obj.get("message") or obj.get("detail") or err
-        return _quote(str(msg), QUOTE_CHARS)
-    return _quote(str(obj), QUOTE_CHARS)
-
-
-def _joined(head: str, detail: str) -> str:
-    return f"{head}: {detail}" if detail else head
-
-
-def _quote(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), capped."""
-    if not value:
-        return None
-    try:
-        secs = float(value)
-    except ValueError:
-        try:
-            secs = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError):
-            return None
-    if not math.isfinite(secs):
-        return None
-    return min(max(secs, 0.0), MAX_RETRY_AFTER_S)
+def _hints(api_key_env: str | None, served_model: str) -> dict[int, str]:
+    """What an HTTP error status means for this engine's options, for the error message."""
+    key = (
+        f" (check the key in ${api_key_env})"
+        if api_key_env
+        else " (the server wants a key: --engine-opt api_key_env=VARIABLE)"
+    )
+    return {401: key, 403: key, 404: f" (is {served_model!r} the served model name? --engine-opt model=NAME)"}

@@ -10,9 +10,10 @@ checkpoint hashes in constant memory.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
 from pathlib import Path
+
+from gate.core.files import file_sha256
 
 CHUNK = 1 << 20
 
@@ -35,15 +36,6 @@ TOKENIZER_FILES: tuple[str, ...] = (
     "chat_template.jinja",
     "chat_template.json",
 )
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of one file, streamed."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def listing_sha256(folder: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:

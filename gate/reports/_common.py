@@ -16,7 +16,6 @@ from gate.core.adjudicate import (
     STRICT_PASS,
     Divergence,
     GateResult,
-    PromptResult,
 )
 from gate.text import printable
 
@@ -148,12 +147,6 @@ def by_prompt(result: GateResult) -> dict[str, list[Divergence]]:
     for d in result.divergences:
         out.setdefault(d.prompt_id, []).append(d)
     return out
-
-
-def prompt_status(p: PromptResult) -> str:
-    if p.strict:
-        return "strict"
-    return "ratified" if p.ratified else "failed"
 
 
 def verdict_line(result: GateResult) -> str:

@@ -58,7 +58,7 @@ def render_junit(result: GateResult) -> str:
     suite = ET.SubElement(
         suites,
         "testsuite",
-        name=xml_text(f"{result.meta.get('command') or 'gate compare'} {result.model}".strip()),
+        name=xml_text(f"{result.run.command if result.run is not None else 'gate compare'} {result.model}".strip()),
         tests=str(len(result.prompts)),
         failures=str(failures),
         errors="0",

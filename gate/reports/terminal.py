@@ -76,7 +76,7 @@ def report_parts(
     result: GateResult, *, max_panels: int = MAX_PANELS, max_prompt_rows: int = MAX_PROMPT_ROWS
 ) -> list[RenderableType]:
     parts: list[RenderableType] = []
-    head = Text(str(result.meta.get("command") or "gate compare"), style="bold")
+    head = Text(result.run.command if result.run is not None else "gate compare", style="bold")
     prov = provenance_line(result)
     if prov:
         head.append(f"  {prov}", style="dim")

@@ -9,17 +9,8 @@ from typing import Any
 
 from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
-from gate.core.goldens import (
-    GoldenMove,
-    GoldensResult,
-    check_golden_against_pin,
-    engine_summary,
-    find_moves,
-    golden_header,
-    golden_record,
-    option_changes,
-    pin_reference,
-)
+from gate.core.golden_moves import GoldenMove, GoldensResult, engine_summary, find_moves, option_changes
+from gate.core.goldens import check_golden_against_pin, golden_header, golden_record, pin_reference
 from gate.core.pins import Pin
 from gate.core.trace import PromptRecord, Trace
 from gate.errors import PinError

@@ -9,7 +9,8 @@ from dataclasses import replace
 from functools import partial
 
 from gate.core.engine import Engine, PromptInput
-from gate.core.pins import OracleSettings, oracle_header
+from gate.core.oracle_settings import OracleSettings
+from gate.core.pins import oracle_header
 from gate.core.suite import Suite
 from gate.core.trace import Trace, TraceError, check_top_logprobs
 from gate.errors import EngineError

@@ -31,6 +31,7 @@ from gate.core.adjudicate import GateResult, compare
 from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
 from gate.core.engine import Engine, PromptInput
 from gate.core.pins import Pin
+from gate.core.run_record import Interruption, RunRecord
 from gate.core.shards import format_shard, select_shard
 from gate.core.trace import PromptRecord, Trace, TraceHeader
 from gate.errors import EngineError, InputError, Interrupted
@@ -392,12 +393,15 @@ def gate_run(
         )
     if log is not None:
         log.remove()
-    meta = run_meta(pin, info, timings, forced)
-    if plan.shard is not None:
-        meta["shard"] = format_shard(*plan.shard)
-    if plan.repeat > 1:
-        meta["repeats"] = plan.repeat
-    return RunOutcome(result=with_meta(result, meta), candidate=candidate, timings=timings, forced_prompts=forced)
+    record = run_record(
+        pin,
+        info,
+        timings,
+        forced,
+        shard=format_shard(*plan.shard) if plan.shard is not None else None,
+        repeats=plan.repeat if plan.repeat > 1 else None,
+    )
+    return RunOutcome(result=replace(result, run=record), candidate=candidate, timings=timings, forced_prompts=forced)
 
 
 def _interrupted(
@@ -413,9 +417,8 @@ def _interrupted(
     part = shard_pin(pin, [r.id for r in records])
     candidate = Trace(header=header, records=tuple(records), path="<interrupted>")
     result = compare(part.trace, candidate, doctrine)
-    meta = run_meta(part, info, timings, ())
-    meta["interrupted"] = {"prompts_done": len(records), "prompts_total": total}
-    outcome = RunOutcome(result=with_meta(result, meta), candidate=candidate, timings=timings)
+    record = run_record(part, info, timings, (), interrupted=Interruption(len(records), total))
+    outcome = RunOutcome(result=replace(result, run=record), candidate=candidate, timings=timings)
     where = (
         f"; progress kept in {plan.progress_path}: `gate run --resume` (same options) continues"
         if plan.progress_path is not None
@@ -459,23 +462,29 @@ def gate_trace_against_pin(
         )
     with timed(timings, "adjudicate_s"):
         result = compare(pin.trace, candidate, doctrine)
-    meta = run_meta(pin, dict(header.engine), timings, ())
-    return RunOutcome(result=with_meta(result, meta), candidate=candidate, timings=timings)
+    record = run_record(pin, dict(header.engine), timings, ())
+    return RunOutcome(result=replace(result, run=record), candidate=candidate, timings=timings)
 
 
-def run_meta(pin: Pin, info: Mapping[str, Any], timings: Timings, forced: Sequence[str]) -> dict[str, Any]:
-    return {
-        "command": "gate run",
-        "pin": str(pin.folder.pin_path),
-        "pin_created_at": pin.provenance("created_at"),
-        "oracle": {k: pin.trace.header.engine.get(k) for k in ("name", "version")},
-        "candidate": {k: info.get(k) for k in ("name", "version", "device", "dtype") if info.get(k) is not None},
-        "forced_prompts": list(forced),
-        "timings": timings.to_dict(),
-    }
-
-
-def with_meta(result: GateResult, meta: Mapping[str, Any]) -> GateResult:
-    return replace(result, meta={**result.meta, **meta})
-
-
+def run_record(
+    pin: Pin,
+    info: Mapping[str, Any],
+    timings: Timings,
+    forced: Sequence[str],
+    *,
+    shard: str | None = None,
+    repeats: int | None = None,
+    interrupted: Interruption | None = None,
+) -> RunRecord:
+    return RunRecord(
+        command="gate run",
+        pin=str(pin.folder.pin_path),
+        pin_created_at=pin.provenance("created_at"),
+        oracle={k: pin.trace.header.engine.get(k) for k in ("name", "version")},
+        candidate={k: info.get(k) for k in ("name", "version", "device", "dtype") if info.get(k) is not None},
+        forced_prompts=tuple(forced),
+        timings=timings.to_dict(),
+        shard=shard,
+        repeats=repeats,
+        interrupted=interrupted,
+    )

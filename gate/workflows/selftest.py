@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from gate.core.adjudicate import compare
 from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
-from gate.core.pins import Pin, exact_top2_ties
+from gate.core.pin_diff import exact_top2_ties
+from gate.core.pins import Pin
 from gate.core.selftest import (
     MutantOutcome,
     Mutation,

@@ -1,0 +1,120 @@
+"""What differs between two oracle traces: exact top-2 ties (where a tie-break decides the
+token) and the diff of a re-recorded pin against the old one, as data (`PinDiff.lines()`
+words it for `gate pin record`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gate.core.trace import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class Top2Tie:
+    """An oracle position whose two highest logprobs are bit-identical."""
+
+    prompt_id: str
+    position: int
+    chosen: int
+    other: int
+    logprob: float
+
+
+def exact_top2_ties(trace: Trace) -> list[Top2Tie]:
+    """Positions where the oracle's top two logprobs are equal bit for bit: where an engine
+    that breaks ties toward the higher id (not torch.argmax's lowest) must diverge."""
+    out = []
+    for rec in trace.records:
+        for i, top in enumerate(rec.top_logprobs or ()):
+            if len(top) >= 2 and float(top[0][1]) == float(top[1][1]):
+                out.append(Top2Tie(rec.id, i, int(top[0][0]), int(top[1][0]), float(top[0][1])))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMove:
+    """How one prompt's oracle record moved between two pins."""
+
+    id: str
+    prompt_changed: bool = False
+    first_token_change: int | None = None
+    token_positions: tuple[int, ...] = ()
+    logprob_positions: tuple[int, ...] = ()
+    length: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PinDiff:
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    moved: tuple[PromptMove, ...]
+    prompts: int
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.added or self.removed or self.moved)
+
+    def lines(self) -> list[str]:
+        if self.unchanged:
+            return [f"the new pin matches the old one bit for bit ({self.prompts} prompts)"]
+        out = [
+            f"against the old pin: {len(self.moved)} of {self.prompts} prompts moved, "
+            f"{len(self.added)} added, {len(self.removed)} removed"
+        ]
+        if self.added:
+            out.append(f"  added: {', '.join(self.added)}")
+        if self.removed:
+            out.append(f"  removed: {', '.join(self.removed)}")
+        for m in self.moved:
+            parts = []
+            if m.prompt_changed:
+                parts.append("prompt token ids changed")
+            if m.first_token_change is not None:
+                parts.append(f"tokens differ from position {m.first_token_change} ({len(m.token_positions)} positions)")
+            if m.length[0] != m.length[1]:
+                parts.append(f"length {m.length[0]} -> {m.length[1]}")
+            if m.logprob_positions:
+                parts.append(f"logprobs moved at positions {_positions(m.logprob_positions)}")
+            out.append(f"  {m.id}: " + "; ".join(parts))
+        return out
+
+
+def _positions(ps: Sequence[int]) -> str:
+    shown = ", ".join(str(p) for p in ps[:12])
+    return shown + (f" and {len(ps) - 12} more" if len(ps) > 12 else "")
+
+
+def diff_pins(old: Trace, new: Trace) -> PinDiff:
+    """Which prompts and positions moved from `old` to `new`: token ids, or any logprob (bitwise)."""
+    old_by, new_by = old.by_id(), new.by_id()
+    added = tuple(i for i in new_by if i not in old_by)
+    removed = tuple(i for i in old_by if i not in new_by)
+    moved = []
+    for pid, n in new_by.items():
+        o = old_by.get(pid)
+        if o is None:
+            continue
+        length = min(len(o.token_ids), len(n.token_ids))
+        tokens = tuple(i for i in range(length) if o.token_ids[i] != n.token_ids[i])
+        first = tokens[0] if tokens else (length if len(o.token_ids) != len(n.token_ids) else None)
+        ot, nt = o.top_logprobs or (), n.top_logprobs or ()
+        lps = tuple(i for i in range(min(len(ot), len(nt))) if _top_list(ot[i]) != _top_list(nt[i]))
+        move = PromptMove(
+            id=pid,
+            prompt_changed=o.prompt_token_ids != n.prompt_token_ids,
+            first_token_change=first,
+            token_positions=tokens,
+            logprob_positions=lps,
+            length=(len(o.token_ids), len(n.token_ids)),
+        )
+        if move.prompt_changed or first is not None or lps:
+            moved.append(move)
+    return PinDiff(added=added, removed=removed, moved=tuple(moved), prompts=len(new_by))
+
+
+def _top_list(top: Iterable[Sequence[Any]]) -> list[tuple[int, float]]:
+    return [(int(t), float(lp)) for t, lp in top]
+
+

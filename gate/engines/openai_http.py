@@ -1,0 +1,291 @@
+"""The HTTP side of the OpenAI-compatible engine: one keep-alive connection per thread,
+and requests with retries, backoff and error messages that never show the API key.
+
+The protocol mapping (completions, logprobs, the forced decode) is `gate.engines.openai`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import random
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from gate.errors import EngineError, InputError
+
+# A Retry-After longer than this is not waited out: the run would look hung.
+MAX_RETRY_AFTER_S = 60.0
+MAX_BACKOFF_S = 30.0
+# Any other 4xx is the request's fault, and 501/505 are the server's final word: another
+# attempt will not improve them.
+NO_RETRY_5XX = frozenset({501, 505})
+# Bodies quoted in error messages are cut to this many characters.
+QUOTE_CHARS = 300
+
+
+class ServerError(EngineError):
+    """The server answered with an HTTP error status (kept in `status`)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Retryable(Exception):
+    """One failed attempt that another attempt may fix; `wait` is the server's Retry-After."""
+
+    def __init__(self, reason: str, detail: str = "", wait: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+        self.wait = wait
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+    prefix: str  # path up to and including /v1, without a trailing slash
+
+    @property
+    def display(self) -> str:
+        """The URL as it may be shown: no user, password or query string."""
+        default = 443 if self.scheme == "https" else 80
+        port = "" if self.port == default else f":{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}{port}{self.prefix}"
+
+
+def parse_base_url(raw: str) -> Endpoint:
+    url = raw.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InputError(f"--engine-opt base_url: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError("--engine-opt base_url: expected http://HOST:PORT or https://HOST[/PREFIX]")
+    path = parts.path.rstrip("/")
+    # Clients disagree on whether the base URL ends in /v1; accept both.
+    if not path.endswith("/v1"):
+        path += "/v1"
+    return Endpoint(
+        scheme=parts.scheme,
+        host=parts.hostname,
+        port=port or (443 if parts.scheme == "https" else 80),
+        prefix=path,
+    )
+
+
+class Transport:
+    """Blocking JSON over HTTP with one keep-alive connection per thread."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float, headers: Mapping[str, str]) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.headers = dict(headers)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[http.client.HTTPConnection] = set()
+
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn, True
+        ep = self.endpoint
+        if ep.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                ep.host, ep.port, timeout=self.timeout, context=ssl.create_default_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(ep.host, ep.port, timeout=self.timeout)
+        self._local.conn = conn
+        with self._lock:
+            self._open.add(conn)
+        return conn, False
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        self._local.conn = None
+        with self._lock:
+            self._open.discard(conn)
+
+    def request(self, method: str, path: str, body: bytes | None) -> tuple[int, str, Mapping[str, str], bytes]:
+        """One round trip: (status, reason, headers, body). Raises OSError/HTTPException."""
+        headers = dict(self.headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        while True:
+            conn, reused = self._connection()
+            try:
+                conn.request(method, self.endpoint.prefix + path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._drop(conn)
+                # Most likely a kept-alive connection the server closed while idle: one more
+                # try on a fresh connection is not counted as a retry (greedy requests are
+                # idempotent, so a request that did arrive may safely be sent again).
+                if reused:
+                    continue
+                raise
+            except BaseException:
+                self._drop(conn)
+                raise
+            if resp.will_close:
+                self._drop(conn)
+            return resp.status, resp.reason, {k.lower(): v for k, v in resp.getheaders()}, data
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._open = list(self._open), set()
+        for conn in conns:
+            conn.close()
+
+
+class HttpClient:
+    """Requests with retries: a 429, a 5xx (but 501 and 505), a timeout or a dropped
+    connection is retried with exponential backoff and jitter (or the server's
+    Retry-After); anything else fails at once as an EngineError naming the URL, with the
+    API key scrubbed from every message."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        transport: Transport,
+        *,
+        timeout: float,
+        backoff: float,
+        secret: str = "",
+        hints: Mapping[int, str] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.backoff = backoff
+        self.hints = dict(hints or {})
+        self._transport = transport
+        self._secret = secret
+
+    def scrub(self, text: str) -> str:
+        return text.replace(self._secret, "[api key]") if self._secret else text
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def call(self, method: str, path: str, body: bytes | None, retries: int) -> Any:
+        url = self.endpoint.display + path
+        attempts = retries + 1
+        for attempt in range(attempts):
+            try:
+                return self._attempt(method, path, body, url)
+            except _Retryable as exc:
+                if attempt + 1 >= attempts:
+                    tries = f"after {attempts} attempts" if attempts > 1 else "(retries=0)"
+                    raise EngineError(self.scrub(_joined(f"{url}: {exc.reason} {tries}", exc.detail))) from None
+                time.sleep(exc.wait if exc.wait is not None else self._backoff_s(attempt))
+        raise AssertionError("unreachable")
+
+    def _backoff_s(self, attempt: int) -> float:
+        # Exponential with "equal jitter": half the step fixed, half random, so that
+        # concurrent workers that failed together do not retry together.
+        step = min(MAX_BACKOFF_S, self.backoff * 2.0**attempt)
+        return step / 2 + random.uniform(0.0, step / 2)
+
+    def _attempt(self, method: str, path: str, body: bytes | None, url: str) -> Any:
+        try:
+            status, reason, headers, data = self._transport.request(method, path, body)
+        except TimeoutError:
+            raise _Retryable(
+                f"no response within {self.timeout:g} s", "a slow server needs a larger --engine-opt timeout"
+            ) from None
+        except ConnectionRefusedError:
+            raise _Retryable("connection refused", "is the server running and listening there?") from None
+        except (ConnectionError, http.client.HTTPException) as exc:
+            raise _Retryable(f"connection failed ({type(exc).__name__})", str(exc)) from None
+        except socket.gaierror as exc:
+            raise EngineError(self.scrub(f"{url}: cannot resolve host {self.endpoint.host!r}: {exc}")) from None
+        except ssl.SSLError as exc:
+            raise EngineError(self.scrub(f"{url}: TLS failed: {exc}")) from None
+        except OSError as exc:
+            raise _Retryable("connection failed", str(exc.strerror or exc)) from None
+        if status in (408, 429) or (500 <= status < 600 and status not in NO_RETRY_5XX):
+            raise _Retryable(
+                f"HTTP {status} {reason}", error_text(_loads_or_text(data)), _retry_after(headers.get("retry-after"))
+            )
+        if status >= 400:
+            detail = error_text(_loads_or_text(data))
+            hint = self.hints.get(status, "")
+            raise ServerError(self.scrub(_joined(f"{url}: HTTP {status} {reason}{hint}", detail)), status)
+        if 300 <= status < 400:
+            raise EngineError(
+                self.scrub(
+                    f"{url}: HTTP {status} redirect to {headers.get('location', '?')!r}: "
+                    "gate does not follow redirects (it would resend the key); "
+                    "set base_url to the final address"
+                )
+            )
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise EngineError(
+                self.scrub(
+                    f"{url}: malformed JSON in the HTTP {status} response ({exc}); the body begins "
+                    f"{quote(data.decode('utf-8', 'replace'), 80)!r}"
+                )
+            ) from None
+
+
+def _loads_or_text(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data.decode("utf-8", "replace")
+
+
+def error_text(obj: Any) -> str:
+    """The message of an OpenAI-style error body ({"error": {"message": ...}}), else the body."""
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail") or json.dumps(err)
+        else:
+            msg = obj.get("message") or obj.get("detail") or err
+        return quote(str(msg), QUOTE_CHARS)
+    return quote(str(obj), QUOTE_CHARS)
+
+
+def _joined(head: str, detail: str) -> str:
+    return f"{head}: {detail}" if detail else head
+
+
+def quote(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), capped."""
+    if not value:
+        return None
+    try:
+        secs = float(value)
+    except ValueError:
+        try:
+            secs = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError):
+            return None
+    if not math.isfinite(secs):
+        return None
+    return min(max(secs, 0.0), MAX_RETRY_AFTER_S)
