@@ -46,7 +46,7 @@ def _token(rnd: random.Random) -> int:
 
 
 def _text(rnd: random.Random) -> str:
-    return "".join(rnd.choice("ab é\u00e9\u4e2d\U0001f600\"\\\n\t{}[]") for _ in range(rnd.randrange(0, 8)))
+    return "".join(rnd.choice('ab é\u00e9\u4e2d\U0001f600"\\\n\t{}[]') for _ in range(rnd.randrange(0, 8)))
 
 
 def valid_trace(rnd: random.Random) -> list[dict[str, Any]]:
@@ -94,11 +94,41 @@ def encode(lines: list[Any]) -> bytes:
 # --------------------------------------------------------------------------- mutations
 
 WEIRD: list[Any] = [
-    None, True, False, 0, -1, 1, 2**31, *_BIG_IDS, -(2**63),
-    0.5, -0.0, 1.0, -1e-300, 1e308, -1e308, 5e-324,
-    "", "x", "NaN", "oracle", "candidate", "\u0000",
-    [], [[]], [[[]]], [0], [-1], [[1, -0.5]], [[[1, -0.5]]], [[[1, 0.5]]], [[[1, -0.5, 2]]], [1, [2]],
-    {}, {"name": "x"}, {"name": "x", "version": "1"},
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    *_BIG_IDS,
+    -(2**63),
+    0.5,
+    -0.0,
+    1.0,
+    -1e-300,
+    1e308,
+    -1e308,
+    5e-324,
+    "",
+    "x",
+    "NaN",
+    "oracle",
+    "candidate",
+    "\u0000",
+    [],
+    [[]],
+    [[[]]],
+    [0],
+    [-1],
+    [[1, -0.5]],
+    [[[1, -0.5]]],
+    [[[1, 0.5]]],
+    [[[1, -0.5, 2]]],
+    [1, [2]],
+    {},
+    {"name": "x"},
+    {"name": "x", "version": "1"},
 ]
 
 
@@ -203,9 +233,7 @@ class Fuzz:
         self.accepted += 1
         self.path.write_bytes(self._encode(trace.header, trace.records))
         again = self._read(self.path)
-        if again.header != trace.header or [r.to_dict() for r in again.records] != [
-            r.to_dict() for r in trace.records
-        ]:
+        if again.header != trace.header or [r.to_dict() for r in again.records] != [r.to_dict() for r in trace.records]:
             raise AssertionError("an accepted trace changed through a write and a second read")
 
     def guarded(self, data: bytes) -> None:

@@ -217,9 +217,14 @@ def summary_line(result: GateResult) -> str:
 
 # dtype -> (stored mantissa bits, exponent of the smallest normal number).
 _GRIDS: dict[str, tuple[int, int]] = {
-    "bfloat16": (7, -126), "bf16": (7, -126),
-    "float16": (10, -14), "fp16": (10, -14), "half": (10, -14),
-    "float32": (23, -126), "fp32": (23, -126), "float": (23, -126),
+    "bfloat16": (7, -126),
+    "bf16": (7, -126),
+    "float16": (10, -14),
+    "fp16": (10, -14),
+    "half": (10, -14),
+    "float32": (23, -126),
+    "fp32": (23, -126),
+    "float": (23, -126),
 }
 
 
@@ -489,4 +494,3 @@ def compare_prompt(
         ),
         ordered,
     )
-

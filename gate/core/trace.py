@@ -498,8 +498,6 @@ def _fast_top(top: list[Any], token_ids: Sequence[int], oracle: bool) -> TopLogp
     return TopLogprobs(ids, lps)
 
 
-
-
 def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: int, oracle: bool) -> None:
     if not isinstance(pos, list):
         raise TraceError(name, lineno, fld, "must be a list of [token_id, logprob] pairs")
@@ -529,7 +527,9 @@ def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: i
         seen.add(tid)
         if prev is not None and not (lp < prev[0] or (lp == prev[0] and tid > prev[1])):
             raise TraceError(
-                name, lineno, where,
+                name,
+                lineno,
+                where,
                 f"out of order: [{tid}, {lp!r}] after [{prev[1]}, {prev[0]!r}] "
                 "(lists are sorted by logprob descending, then token id ascending)",
             )
@@ -542,8 +542,10 @@ def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: i
     if best_id != chosen:
         chosen_lp = next(lp for t, lp in pos if t == chosen)
         if chosen_lp == best_lp:
-            why = (f"the oracle chose {chosen} at an exact tie with {best_id}; torch.argmax (vLLM's greedy "
-                   "sampler) takes the lowest id among equal maxima, so this record is inconsistent")
+            why = (
+                f"the oracle chose {chosen} at an exact tie with {best_id}; torch.argmax (vLLM's greedy "
+                "sampler) takes the lowest id among equal maxima, so this record is inconsistent"
+            )
         else:
             why = f"the chosen token {chosen} is not the greedy choice: {best_id} has a higher logprob"
         raise TraceError(name, lineno, fld, why)

@@ -86,8 +86,10 @@ def _prompt_table(result: GateResult) -> list[str]:
     out = ["### Prompts", ""]
     if not listed:
         return [*out, f"All {strict} prompts strict.", ""]
-    header = ["| prompt | strict | ratified | positions matched | first divergence | classified |",
-              "|---|:-:|:-:|--:|--:|---|"]
+    header = [
+        "| prompt | strict | ratified | positions matched | first divergence | classified |",
+        "|---|:-:|:-:|--:|--:|---|",
+    ]
     rows = []
     for p in listed:
         note = class_counts(groups.get(p.id, []))
