@@ -184,8 +184,10 @@ def main() -> int:
                 best[name] = (min(wall, old[0]), min(cpu, old[1])) if old else (wall, cpu)
         base = best["bare orjson parse"]
         strict_base = best["bare orjson parse, GC off"]
-        print(f"best of {args.repeat}:                      wall      cpu   ratio (wall/cpu) to the bare parse,"
-              " and to the GC-off parse")
+        print(
+            f"best of {args.repeat}:                      wall      cpu   ratio (wall/cpu) to the bare parse,"
+            " and to the GC-off parse"
+        )
         for name, (wall, cpu) in best.items():
             print(
                 f"  {name:28s} {wall:7.3f} s {cpu:7.3f} s   {wall / base[0]:.2f}x / {cpu / base[1]:.2f}x"
@@ -194,8 +196,10 @@ def main() -> int:
         ratio = best["gate compare (in-process)"][0] / base[0]
         goal = 1.5
         verdict = "meets" if ratio <= goal else "misses"
-        print(f"gate compare --format json, in-process: {ratio:.2f}x the bare orjson parse, which {verdict} "
-              f"the goal of at most {goal}x")
+        print(
+            f"gate compare --format json, in-process: {ratio:.2f}x the bare orjson parse, which {verdict} "
+            f"the goal of at most {goal}x"
+        )
         if args.check and ratio > goal:
             return 1
     return 0

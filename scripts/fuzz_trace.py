@@ -26,8 +26,6 @@ tried and how many adjudications were checked.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import hashlib
 import os
 import random
@@ -39,146 +37,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-# --------------------------------------------------------------------------- valid seeds
-
-_TIES = (0.0, -0.0, -0.125, -0.5, -1.0, -30.0)
-_BIG_IDS = (2**53 - 1, 2**53, 2**53 + 1, 2**64 - 1)
-
-
-def _token(rnd: random.Random) -> int:
-    return rnd.choice(_BIG_IDS) if rnd.random() < 0.02 else rnd.randrange(0, 200)
-
-
-def _text(rnd: random.Random) -> str:
-    return "".join(rnd.choice("ab é\u00e9\u4e2d\U0001f600\"\\\n\t{}[]") for _ in range(rnd.randrange(0, 8)))
-
-
-def valid_trace(rnd: random.Random) -> list[dict[str, Any]]:
-    role = rnd.choice(("oracle", "candidate"))
-    top_k = rnd.randrange(1 if role == "oracle" else 0, 6)
-    header: dict[str, Any] = {
-        "gate_trace": 1,
-        "role": role,
-        "model": "org/tiny",
-        "top_k": top_k,
-        "engine": {"name": "vllm", "version": "0.11.0", "options": {"dtype": "bfloat16"}},
-    }
-    if rnd.random() < 0.5:
-        header["created_at"] = "2025-01-01T00:00:00Z"
-    lines: list[dict[str, Any]] = [header]
-    for i in range(rnd.randrange(0, 6)):
-        n = rnd.randrange(0, 6)
-        rec: dict[str, Any] = {"id": f"p{i}{_text(rnd)}", "prompt_token_ids": [_token(rnd) for _ in range(4)]}
-        if role == "oracle" or (top_k and rnd.random() < 0.5):
-            tops = []
-            for _ in range(n):
-                ids = rnd.sample(range(0, 200), top_k)
-                lps = [rnd.choice(_TIES) if rnd.random() < 0.4 else -rnd.random() * 20 for _ in ids]
-                tops.append([[t, lp] for t, lp in sorted(zip(ids, lps, strict=True), key=lambda p: (-p[1], p[0]))])
-            rec["top_logprobs"] = tops
-            rec["token_ids"] = [t[0][0] for t in tops]  # greedy: lowest id among equal maxima
-        else:
-            rec["token_ids"] = [_token(rnd) for _ in range(n)]
-        if rnd.random() < 0.5:
-            rec["finish_reason"] = rnd.choice(("length", "stop"))
-        if rnd.random() < 0.3:
-            rec["prompt"] = _text(rnd)
-        if rnd.random() < 0.3:
-            rec["tokens"] = [_text(rnd) for _ in range(n)]
-        if role == "candidate" and rnd.random() < 0.3:
-            rec["forced_token_ids"] = [_token(rnd) for _ in range(n)]
-        lines.append(rec)
-    return lines
-
-
-def encode(lines: list[Any]) -> bytes:
-    return b"".join(orjson.dumps(line) + b"\n" for line in lines)
-
-
-# --------------------------------------------------------------------------- mutations
-
-WEIRD: list[Any] = [
-    None, True, False, 0, -1, 1, 2**31, *_BIG_IDS, -(2**63),
-    0.5, -0.0, 1.0, -1e-300, 1e308, -1e308, 5e-324,
-    "", "x", "NaN", "oracle", "candidate", "\u0000",
-    [], [[]], [[[]]], [0], [-1], [[1, -0.5]], [[[1, -0.5]]], [[[1, 0.5]]], [[[1, -0.5, 2]]], [1, [2]],
-    {}, {"name": "x"}, {"name": "x", "version": "1"},
-]
-
-
-def _containers(obj: Any, out: list[Any]) -> list[Any]:
-    if isinstance(obj, dict | list):
-        out.append(obj)
-        for child in obj.values() if isinstance(obj, dict) else obj:
-            _containers(child, out)
-    return out
-
-
-def mutate_structure(lines: list[Any], rnd: random.Random) -> list[Any]:
-    lines = copy.deepcopy(lines)
-    op = rnd.choice(("swap_type", "drop_key", "reorder_list", "swap_lines", "dup_line", "tweak_number"))
-    if op in ("swap_lines", "dup_line") and lines:
-        i, j = rnd.randrange(len(lines)), rnd.randrange(len(lines))
-        if op == "swap_lines":
-            lines[i], lines[j] = lines[j], lines[i]
-        else:
-            lines.insert(j, copy.deepcopy(lines[i]))
-        return lines
-    spot = rnd.choice(_containers(lines, []))
-    keys = list(spot) if isinstance(spot, dict) else list(range(len(spot)))
-    if not keys:
-        return lines
-    key = rnd.choice(keys)
-    if op == "swap_type":
-        spot[key] = copy.deepcopy(rnd.choice(WEIRD))
-    elif op == "drop_key":
-        del spot[key]
-    elif op == "reorder_list" and isinstance(spot, list):
-        j = rnd.randrange(len(spot))
-        spot[key], spot[j] = spot[j], spot[key]
-    elif op == "tweak_number" and isinstance(spot[key], int | float) and not isinstance(spot[key], bool):
-        v = spot[key]
-        spot[key] = rnd.choice((-v, v + 1, v - 1, v * 2, v / 3 if v else 1.5))
-    return lines
-
-
-def mutate_bytes(data: bytes, rnd: random.Random) -> bytes:
-    if not data:
-        return rnd.randbytes(rnd.randrange(0, 16))
-    i = rnd.randrange(len(data))
-    op = rnd.choice(("flip", "truncate", "insert", "delete", "newline"))
-    if op == "flip":
-        return data[:i] + bytes([data[i] ^ rnd.randrange(1, 256)]) + data[i + 1 :]
-    if op == "truncate":
-        return data[:i]
-    if op == "insert":
-        return data[:i] + rnd.randbytes(rnd.randrange(1, 9)) + data[i:]
-    if op == "delete":
-        return data[:i] + data[i + rnd.randrange(1, 17) :]
-    return data[:i] + b"\n" + data[i:] if rnd.random() < 0.5 else data.replace(b"\n", b" ", 1)
-
-
-def parse_lines(data: bytes) -> list[Any] | None:
-    try:
-        return [orjson.loads(line) for line in data.split(b"\n") if line.strip()]
-    except orjson.JSONDecodeError:
-        return None
-
-
-def mutate(data: bytes, rnd: random.Random) -> bytes:
-    """Structural changes when the input still parses, then byte changes."""
-    lines = parse_lines(data)
-    if lines and rnd.random() < 0.7:
-        for _ in range(rnd.randrange(1, 4)):
-            lines = mutate_structure(lines, rnd)
-        with contextlib.suppress(orjson.JSONEncodeError):  # an int orjson will not write
-            data = encode(lines)
-    for _ in range(rnd.randrange(0, 3)):
-        data = mutate_bytes(data, rnd)
-    return data
-
+# The generators and mutations are shared with the tests (one module, no drift).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from trace_fuzzing import encode, mutate, valid_trace
 
 # --------------------------------------------------------------------------- the check
 
@@ -210,9 +71,7 @@ class Fuzz:
         self.accepted += 1
         self.path.write_bytes(self._encode(trace.header, trace.records))
         again = self._read(self.path)
-        if again.header != trace.header or [r.to_dict() for r in again.records] != [
-            r.to_dict() for r in trace.records
-        ]:
+        if again.header != trace.header or [r.to_dict() for r in again.records] != [r.to_dict() for r in trace.records]:
             raise AssertionError("an accepted trace changed through a write and a second read")
         if trace.role == "oracle":
             rnd = random.Random(hashlib.sha1(data).digest())

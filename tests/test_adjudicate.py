@@ -46,14 +46,16 @@ def seed(doctrine: Doctrine | None = None) -> GateResult:
     return compare(read_trace(SEED_ORACLE), read_trace(SEED_CANDIDATE), doctrine or Doctrine())
 
 
-def gate_files(folder: Path, oracle: list[dict[str, Any]], candidate: list[dict[str, Any]],
-               doctrine: Doctrine | None = None) -> GateResult:
+def gate_files(
+    folder: Path, oracle: list[dict[str, Any]], candidate: list[dict[str, Any]], doctrine: Doctrine | None = None
+) -> GateResult:
     o, c = write_pair(folder, oracle, candidate)
     return compare(read_trace(o), read_trace(c), doctrine or Doctrine())
 
 
-def one_position(folder: Path, top: list[list[Any]], candidate_token: int | None,
-                 doctrine: Doctrine | None = None) -> Divergence:
+def one_position(
+    folder: Path, top: list[list[Any]], candidate_token: int | None, doctrine: Doctrine | None = None
+) -> Divergence:
     """The divergence at position 1 of a 3-position prompt whose middle list is `top`."""
     tops = [filler(100), top, filler(102)]
     o = oracle_record("p", tops)
@@ -70,8 +72,15 @@ def one_position(folder: Path, top: list[list[Any]], candidate_token: int | None
 def check_seed() -> None:
     result = seed()
     assert result.counts == {
-        "prompts": 7, "strict_pass": 6, "ratified_pass": 7, "positions": 112, "positions_matched": 108,
-        "unadjudicated_positions": 8, "exact_ties": 1, "near_ties": 0, "defects": 0,
+        "prompts": 7,
+        "strict_pass": 6,
+        "ratified_pass": 7,
+        "positions": 112,
+        "positions_matched": 108,
+        "unadjudicated_positions": 8,
+        "exact_ties": 1,
+        "near_ties": 0,
+        "defects": 0,
     }
     (d,) = result.divergences
     assert (d.prompt_id, d.position, d.source) == ("p6", 7, FREE_RUN)
@@ -146,8 +155,13 @@ def check_forced(folder: Path) -> None:
     assert result.verdict == FAIL and result.exit_code == 1
 
 
-CHECKS: list[Callable[..., None]] = [check_seed, check_boundaries, check_gaps_and_rank, check_outside_and_stopped,
-                                     check_forced]
+CHECKS: list[Callable[..., None]] = [
+    check_seed,
+    check_boundaries,
+    check_gaps_and_rank,
+    check_outside_and_stopped,
+    check_forced,
+]
 
 
 def run_all_checks(folder: Path) -> None:
@@ -206,8 +220,9 @@ def _gap_in_nats(**kw: Any) -> Divergence:
     if gap is None or d.cls == EXACT_TIE:
         return d
     gap /= 1000.0
-    return replace(d, oracle_minus_candidate_mnats=gap,
-                   cls=NEAR_TIE if gap <= kw["doctrine"].near_tie_mnats else DEFECT)
+    return replace(
+        d, oracle_minus_candidate_mnats=gap, cls=NEAR_TIE if gap <= kw["doctrine"].near_tie_mnats else DEFECT
+    )
 
 
 def _rank_highest_id_first(**kw: Any) -> Divergence:

@@ -183,22 +183,34 @@ ORACLE_CASES: list[tuple[str, Callable[[], bytes], tuple[str, ...]]] = [
     ("truncated-mid-character", _cut(3, lambda raw: raw.index("é".encode()) + 1), ("oracle.jsonl:3", "truncated")),
     ("bad-json", _replace_line(3, b'{"id": "p2",, }'), ("oracle.jsonl:3", "bad JSON")),
     ("nul-bytes", lambda: b"\x00" * 64, ("oracle.jsonl:1", "bad JSON")),
-    ("non-utf8-byte", _replace_line(3, encode(oracle_lines()[2:]).strip().replace("é".encode(), b"\xe9")),
-     ("oracle.jsonl:3", "not valid UTF-8")),
+    (
+        "non-utf8-byte",
+        _replace_line(3, encode(oracle_lines()[2:]).strip().replace("é".encode(), b"\xe9")),
+        ("oracle.jsonl:3", "not valid UTF-8"),
+    ),
     ("utf16-file", lambda: encode(oracle_lines()).decode().encode("utf-16"), ("oracle.jsonl:1", "UTF-16")),
     ("utf8-bom", lambda: b"\xef\xbb\xbf" + encode(oracle_lines()), ("oracle.jsonl:1", "byte order mark")),
-    ("nan-literal", _replace_line(2, b'{"id": "p1", "prompt_token_ids": [1], "token_ids": [5], '
-                                     b'"top_logprobs": [[[5, NaN]]]}'), ("oracle.jsonl:2", "NaN")),
-    ("infinite-logprob", _replace_line(2, b'{"id": "p1", "prompt_token_ids": [1], "token_ids": [5], '
-                                          b'"top_logprobs": [[[5, -1e400]]]}'), ("oracle.jsonl:2", "infinity")),
+    (
+        "nan-literal",
+        _replace_line(2, b'{"id": "p1", "prompt_token_ids": [1], "token_ids": [5], "top_logprobs": [[[5, NaN]]]}'),
+        ("oracle.jsonl:2", "NaN"),
+    ),
+    (
+        "infinite-logprob",
+        _replace_line(2, b'{"id": "p1", "prompt_token_ids": [1], "token_ids": [5], "top_logprobs": [[[5, -1e400]]]}'),
+        ("oracle.jsonl:2", "infinity"),
+    ),
     # header
     ("no-header", lambda: encode(oracle_lines()[1:]), ("oracle.jsonl:1", "field 'gate_trace'")),
     ("header-not-object", _replace_line(1, b"[1]"), ("oracle.jsonl:1", "header must be a JSON object")),
     ("wrong-version", _set(1, "gate_trace", 2), ("oracle.jsonl:1", "field 'gate_trace'", "version 2")),
     ("version-as-string", _set(1, "gate_trace", "1"), ("oracle.jsonl:1", "field 'gate_trace'")),
     ("bad-role", _set(1, "role", "judge"), ("oracle.jsonl:1", "field 'role'")),
-    ("candidate-given-as-oracle", _set(1, "role", "candidate"),
-     ("oracle.jsonl:1", "field 'role'", "expected an oracle")),
+    (
+        "candidate-given-as-oracle",
+        _set(1, "role", "candidate"),
+        ("oracle.jsonl:1", "field 'role'", "expected an oracle"),
+    ),
     ("model-missing", _drop(1, "model"), ("oracle.jsonl:1", "field 'model'")),
     ("top-k-zero-oracle", _set(1, "top_k", 0), ("oracle.jsonl:1", "field 'top_k'")),
     ("engine-not-object", _set(1, "engine", "vllm"), ("oracle.jsonl:1", "field 'engine'")),
@@ -221,26 +233,50 @@ ORACLE_CASES: list[tuple[str, Callable[[], bytes], tuple[str, ...]]] = [
     ("top-id-negative", _top(2, 1, [[6, -0.25], [-5, -1.5]]), ("oracle.jsonl:2", "top_logprobs[1][1]", "negative")),
     ("logprob-string", _top(2, 0, [[5, "-0.1"]]), ("oracle.jsonl:2", "top_logprobs[0][0]", "must be a number")),
     ("logprob-above-zero", _top(2, 0, [[5, 0.5]]), ("oracle.jsonl:2", "top_logprobs[0][0]", "above 0")),
-    ("top-out-of-order", _top(2, 0, [[5, -0.1], [9, -3.0], [7, -2.5]]),
-     ("oracle.jsonl:2", "top_logprobs[0][2]", "out of order")),
-    ("top-tie-out-of-id-order", _top(3, 0, [[7, -0.5], [4, -1.0], [3, -1.0]]),
-     ("oracle.jsonl:3", "top_logprobs[0][2]", "out of order")),
+    (
+        "top-out-of-order",
+        _top(2, 0, [[5, -0.1], [9, -3.0], [7, -2.5]]),
+        ("oracle.jsonl:2", "top_logprobs[0][2]", "out of order"),
+    ),
+    (
+        "top-tie-out-of-id-order",
+        _top(3, 0, [[7, -0.5], [4, -1.0], [3, -1.0]]),
+        ("oracle.jsonl:3", "top_logprobs[0][2]", "out of order"),
+    ),
     ("top-repeated-id", _top(2, 0, [[5, -0.1], [5, -0.2]]), ("oracle.jsonl:2", "top_logprobs[0][1]", "twice")),
-    ("oracle-lacks-chosen", _top(2, 1, [[2, -0.25], [5, -1.5]]),
-     ("oracle.jsonl:2", "field 'top_logprobs[1]'", "does not contain the chosen token 6")),
-    ("oracle-not-greedy", _top(2, 1, [[2, -0.1], [6, -0.25]]),
-     ("oracle.jsonl:2", "field 'top_logprobs[1]'", "not the greedy choice")),
-    ("oracle-tie-took-higher-id", _top(2, 1, [[2, -0.25], [6, -0.25]]),
-     ("oracle.jsonl:2", "field 'top_logprobs[1]'", "torch.argmax")),
+    (
+        "oracle-lacks-chosen",
+        _top(2, 1, [[2, -0.25], [5, -1.5]]),
+        ("oracle.jsonl:2", "field 'top_logprobs[1]'", "does not contain the chosen token 6"),
+    ),
+    (
+        "oracle-not-greedy",
+        _top(2, 1, [[2, -0.1], [6, -0.25]]),
+        ("oracle.jsonl:2", "field 'top_logprobs[1]'", "not the greedy choice"),
+    ),
+    (
+        "oracle-tie-took-higher-id",
+        _top(2, 1, [[2, -0.25], [6, -0.25]]),
+        ("oracle.jsonl:2", "field 'top_logprobs[1]'", "torch.argmax"),
+    ),
     # Past 2**53 float64 cannot tell ids apart: the fast path once "found" a chosen token
     # the list lacks.
-    ("oracle-lacks-chosen-huge-id", _edit(lambda ls: ls[1].update(token_ids=[_BIG + 1], top_logprobs=[[[_BIG, -0.1]]])),
-     ("oracle.jsonl:2", "field 'top_logprobs[0]'", f"chosen token {_BIG + 1}")),
+    (
+        "oracle-lacks-chosen-huge-id",
+        _edit(lambda ls: ls[1].update(token_ids=[_BIG + 1], top_logprobs=[[[_BIG, -0.1]]])),
+        ("oracle.jsonl:2", "field 'top_logprobs[0]'", f"chosen token {_BIG + 1}"),
+    ),
     # JSON integers reach 2**64 - 1, past int64: once an OverflowError (a crash, exit 3).
-    ("oracle-chosen-past-int64", _edit(lambda ls: ls[1].update(token_ids=[2**64 - 1, 6])),
-     ("oracle.jsonl:2", "field 'top_logprobs[0]'", f"chosen token {2**64 - 1}")),
-    ("top-id-past-int64", _top(2, 0, [[2**64 - 1, -0.1]]),
-     ("oracle.jsonl:2", "field 'top_logprobs[0]'", "chosen token 5")),
+    (
+        "oracle-chosen-past-int64",
+        _edit(lambda ls: ls[1].update(token_ids=[2**64 - 1, 6])),
+        ("oracle.jsonl:2", "field 'top_logprobs[0]'", f"chosen token {2**64 - 1}"),
+    ),
+    (
+        "top-id-past-int64",
+        _top(2, 0, [[2**64 - 1, -0.1]]),
+        ("oracle.jsonl:2", "field 'top_logprobs[0]'", "chosen token 5"),
+    ),
     ("finish-reason", _set(2, "finish_reason", "eos"), ("oracle.jsonl:2", "field 'finish_reason'")),
     ("prompt-not-string", _set(2, "prompt", ["a"]), ("oracle.jsonl:2", "field 'prompt'")),
     ("tokens-length", _set(2, "tokens", ["a"]), ("oracle.jsonl:2", "field 'tokens'", "1 entries for 2")),
@@ -269,18 +305,32 @@ def _cand(fn: Callable[[Lines], object]) -> Callable[[], bytes]:
 
 
 CANDIDATE_CASES: list[tuple[str, Callable[[], bytes], tuple[str, ...]]] = [
-    ("oracle-given-as-candidate", lambda: encode(oracle_lines()),
-     ("candidate.jsonl:1", "field 'role'", "expected a candidate")),
-    ("forced-negative", _cand(lambda ls: ls[1].update(forced_token_ids=[-1, 6])),
-     ("candidate.jsonl:2", "field 'forced_token_ids[0]'", "negative")),
-    ("candidate-top-unsorted", _cand(lambda ls: (ls[0].update(top_k=2),
-                                                 ls[1].update(top_logprobs=[[[5, -2.0], [7, -1.0]], []]))),
-     ("candidate.jsonl:2", "top_logprobs[0][1]", "out of order")),
+    (
+        "oracle-given-as-candidate",
+        lambda: encode(oracle_lines()),
+        ("candidate.jsonl:1", "field 'role'", "expected a candidate"),
+    ),
+    (
+        "forced-negative",
+        _cand(lambda ls: ls[1].update(forced_token_ids=[-1, 6])),
+        ("candidate.jsonl:2", "field 'forced_token_ids[0]'", "negative"),
+    ),
+    (
+        "candidate-top-unsorted",
+        _cand(lambda ls: (ls[0].update(top_k=2), ls[1].update(top_logprobs=[[[5, -2.0], [7, -1.0]], []]))),
+        ("candidate.jsonl:2", "top_logprobs[0][1]", "out of order"),
+    ),
     ("prompt-missing", _cand(lambda ls: ls.pop()), ("candidate.jsonl", "missing prompt", "'p2'")),
-    ("prompt-extra", _cand(lambda ls: ls.append(dict(ls[1], id="p9"))),
-     ("candidate.jsonl", "'p9'", "not in the oracle")),
-    ("prompt-drift", _cand(lambda ls: ls[2].update(prompt_token_ids=[4, 3])),
-     ("prompt 'p2'", "prompt_token_ids differ at index 1")),
+    (
+        "prompt-extra",
+        _cand(lambda ls: ls.append(dict(ls[1], id="p9"))),
+        ("candidate.jsonl", "'p9'", "not in the oracle"),
+    ),
+    (
+        "prompt-drift",
+        _cand(lambda ls: ls[2].update(prompt_token_ids=[4, 3])),
+        ("prompt 'p2'", "prompt_token_ids differ at index 1"),
+    ),
 ]
 
 
@@ -315,7 +365,10 @@ def test_no_traceback_from_the_real_command(files: Callable[..., tuple[Path, Pat
     o, _ = files()
     r = subprocess.run(
         [sys.executable, "-m", "gate", "compare", str(o), str(tmp_path)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "GATE_DEBUG": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GATE_DEBUG": ""},
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"gate: error: {tmp_path}: is a directory, not a trace file\n"

@@ -144,6 +144,7 @@ def test_contender_bound_is_the_fixed_point_from_above() -> None:
     assert contender_bound(gaps, drifts) == 250.0
     assert contender_bound(np.array([]), np.array([])) == 0.0
 
+
 def test_kl_over_the_shared_support_is_renormalised() -> None:
     o = {1: math.log(0.5), 2: math.log(0.25), 3: math.log(0.125)}
     c = {1: math.log(0.25), 2: math.log(0.25), 4: math.log(0.25)}
@@ -365,8 +366,21 @@ def test_calibrate_runs_the_candidate_over_the_pin(
     with one_thread():
         weights, pins = build_tiny_pin(root)
         saved = root / "candidate.jsonl"
-        argv = ["calibrate", "--model", MODEL, "--model-path", str(weights), "--pins-dir", str(pins),
-                "--engine-opt", "dtype=float32", "--save-trace", str(saved), "--format", "json"]
+        argv = [
+            "calibrate",
+            "--model",
+            MODEL,
+            "--model-path",
+            str(weights),
+            "--pins-dir",
+            str(pins),
+            "--engine-opt",
+            "dtype=float32",
+            "--save-trace",
+            str(saved),
+            "--format",
+            "json",
+        ]
         with pytest.raises(SystemExit) as exc:
             main(argv)
     out = capsys.readouterr()

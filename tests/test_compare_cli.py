@@ -70,8 +70,15 @@ def test_seed_json_report() -> None:
     assert report["verdict"] == "ratified_pass" and report["exit_code"] == 0
     assert report["doctrine"] == {"near_tie_mnats": 125.0, "strict": False}
     assert report["counts"] == {
-        "prompts": 7, "strict_pass": 6, "ratified_pass": 7, "positions": 112, "positions_matched": 108,
-        "unadjudicated_positions": 8, "exact_ties": 1, "near_ties": 0, "defects": 0,
+        "prompts": 7,
+        "strict_pass": 6,
+        "ratified_pass": 7,
+        "positions": 112,
+        "positions_matched": 108,
+        "unadjudicated_positions": 8,
+        "exact_ties": 1,
+        "near_ties": 0,
+        "defects": 0,
     }
     assert [p["id"] for p in report["prompts"]] == [f"p{i}" for i in range(7)]
     for p in report["prompts"]:
@@ -79,12 +86,33 @@ def test_seed_json_report() -> None:
     assert report["prompts"][6]["first_divergence"] == 7
     assert report["prompts"][0]["first_divergence"] is None
     (d,) = report["divergences"]
-    assert {k: d[k] for k in (
-        "prompt_id", "position", "source", "oracle_token", "candidate_token", "class", "top2_gap_mnats",
-        "oracle_minus_candidate_mnats", "gap_lower_bound_mnats", "candidate_rank", "tie_break")} == {
-        "prompt_id": "p6", "position": 7, "source": "free_run", "oracle_token": 464, "candidate_token": 1445,
-        "class": "exact_tie", "top2_gap_mnats": 0.0, "oracle_minus_candidate_mnats": 0.0,
-        "gap_lower_bound_mnats": None, "candidate_rank": 2, "tie_break": "higher_id",
+    assert {
+        k: d[k]
+        for k in (
+            "prompt_id",
+            "position",
+            "source",
+            "oracle_token",
+            "candidate_token",
+            "class",
+            "top2_gap_mnats",
+            "oracle_minus_candidate_mnats",
+            "gap_lower_bound_mnats",
+            "candidate_rank",
+            "tie_break",
+        )
+    } == {
+        "prompt_id": "p6",
+        "position": 7,
+        "source": "free_run",
+        "oracle_token": 464,
+        "candidate_token": 1445,
+        "class": "exact_tie",
+        "top2_gap_mnats": 0.0,
+        "oracle_minus_candidate_mnats": 0.0,
+        "gap_lower_bound_mnats": None,
+        "candidate_rank": 2,
+        "tie_break": "higher_id",
     }
     assert report["summary"] == SEED_SUMMARY
     strict = orjson.loads(invoke(["compare", *SEED, "--format", "json", "--strict"]).stdout)
@@ -200,7 +228,11 @@ HEAVY = ("torch", "vllm", "transformers")
 def _imported(args: list[str]) -> set[str]:
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "gate", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"}, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "120"},
+        check=False,
     )
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     names = set()
@@ -211,8 +243,11 @@ def _imported(args: list[str]) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("args", [["--help"], ["compare", *SEED, "--format", "json"], ["compare", *SEED]],
-                         ids=["help", "compare-json", "compare-rich"])
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["compare", *SEED, "--format", "json"], ["compare", *SEED]],
+    ids=["help", "compare-json", "compare-rich"],
+)
 def test_no_torch_imported(args: list[str]) -> None:
     names = _imported(args)
     assert not names & set(HEAVY), sorted(names & set(HEAVY))

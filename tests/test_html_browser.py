@@ -41,10 +41,21 @@ FIGURES = [{"title": "Drift", "unit": "mnats", "values": [0, 3, 20, 189], "marke
 def chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert BROWSER is not None
     cmd = [
-        BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-        "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-        *args, page.as_uri(),
+        BROWSER,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-extensions",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        *args,
+        page.as_uri(),
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
 
@@ -117,8 +128,8 @@ def test_the_console_check_sees_errors(tmp_path: Path) -> None:
     """The probe itself: a page with a script error and a blocked fetch must be caught."""
     page = tmp_path / "bad.html"
     page.write_text(
-        "<!doctype html><html><head><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-        "script-src 'unsafe-inline'\"></head><body><img src=\"https://example.invalid/x.png\">"
+        '<!doctype html><html><head><meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        'script-src \'unsafe-inline\'"></head><body><img src="https://example.invalid/x.png">'
         "<script>undefinedFunction();</script></body></html>"
     )
     run = chromium(tmp_path, page, "--dump-dom")

@@ -58,8 +58,15 @@ def argmax_order(top: list[list[Any]]) -> list[int]:
 
 
 def judge(top: list[list[Any]], cand: int | None, near: float = 125.0) -> Any:
-    return classify(prompt_id="p", position=0, source="free_run", top=top, oracle_token=top[0][0],
-                    candidate_token=cand, doctrine=Doctrine(near_tie_mnats=near))
+    return classify(
+        prompt_id="p",
+        position=0,
+        source="free_run",
+        top=top,
+        oracle_token=top[0][0],
+        candidate_token=cand,
+        doctrine=Doctrine(near_tie_mnats=near),
+    )
 
 
 @FAST
@@ -97,8 +104,9 @@ def test_outside_the_list_is_a_defect_with_a_lower_bound(top: list[list[Any]], c
 
 @FAST
 @given(top_lists(), st.data(), st.floats(0, 5000), st.floats(0, 5000))
-def test_a_larger_threshold_never_turns_a_tie_into_a_defect(top: list[list[Any]], data: st.DataObject,
-                                                            a: float, b: float) -> None:
+def test_a_larger_threshold_never_turns_a_tie_into_a_defect(
+    top: list[list[Any]], data: st.DataObject, a: float, b: float
+) -> None:
     cand = data.draw(st.sampled_from([t for t, _ in top[1:]]))
     small, large = judge(top, cand, min(a, b)), judge(top, cand, max(a, b))
     rank = {EXACT_TIE: 0, NEAR_TIE: 1, DEFECT: 2}
@@ -119,8 +127,11 @@ def _prompt(i: int, kind: str) -> tuple[PromptRecord, PromptRecord]:
 
 
 @FAST
-@given(st.lists(st.sampled_from(["strict", "tie", "near", "defect", "stop"]), min_size=1, max_size=6),
-       st.sampled_from(["defect", "stop"]), st.booleans())
+@given(
+    st.lists(st.sampled_from(["strict", "tie", "near", "defect", "stop"]), min_size=1, max_size=6),
+    st.sampled_from(["defect", "stop"]),
+    st.booleans(),
+)
 def test_adding_a_defect_never_improves_the_verdict(kinds: list[str], bad: str, strict: bool) -> None:
     def verdict(ks: list[str]) -> tuple[str, int]:
         pairs = [_prompt(i, k) for i, k in enumerate(ks)]
@@ -133,8 +144,9 @@ def test_adding_a_defect_never_improves_the_verdict(kinds: list[str], bad: str, 
     after, code_after = verdict([*kinds, bad])
     assert after == FAIL and code_after == 1
     assert VERDICT_ORDER[after] >= VERDICT_ORDER[before] and code_after >= code_before
-    expected = STRICT_PASS if set(kinds) == {"strict"} else RATIFIED_PASS if set(kinds) <= {"strict", "tie",
-                                                                                             "near"} else FAIL
+    expected = (
+        STRICT_PASS if set(kinds) == {"strict"} else RATIFIED_PASS if set(kinds) <= {"strict", "tie", "near"} else FAIL
+    )
     assert before == expected
 
 
@@ -227,6 +239,7 @@ def oracle_and_candidate(draw: st.DrawFn) -> tuple[Trace, Trace]:
         tops = [draw(top_lists(min_size=2, max_size=4)) for _ in range(draw(st.integers(1, 4)))]
         tokens = tuple(p[0][0] for p in tops)
         o_recs.append(PromptRecord(f"p{i}", (1, 2), tokens, top_logprobs=tops))
+
         def take(tops: list[list[list[Any]]], j: int, tok: int) -> int:
             alt = draw(st.sampled_from([None, 61] + [t for t, _ in tops[j]])) if draw(st.booleans()) else None
             return alt if alt is not None else tok
@@ -240,16 +253,31 @@ def oracle_and_candidate(draw: st.DrawFn) -> tuple[Trace, Trace]:
 
 
 @FAST
-@given(oracle_and_candidate(), st.one_of(st.sampled_from([0.0, 125.0]), st.floats(0, 3000)),
-       st.sampled_from([None, 1.0, 2.0]), st.booleans(),
-       st.sampled_from([None, 5.0, 20.0, 500.0]))
-def test_no_false_pass(pair: tuple[Trace, Trace], near: float, ulps: float | None, strict: bool,
-                       logit: float | None) -> None:
+@given(
+    oracle_and_candidate(),
+    st.one_of(st.sampled_from([0.0, 125.0]), st.floats(0, 3000)),
+    st.sampled_from([None, 1.0, 2.0]),
+    st.booleans(),
+    st.sampled_from([None, 5.0, 20.0, 500.0]),
+)
+def test_no_false_pass(
+    pair: tuple[Trace, Trace], near: float, ulps: float | None, strict: bool, logit: float | None
+) -> None:
     o, c = pair
     if logit is not None:  # the grid doctrine at some (plausible or tampered) top logit
-        o = Trace(o.header, tuple(
-            PromptRecord(r.id, r.prompt_token_ids, r.token_ids, top_logprobs=r.top_logprobs,
-                         extra={"token_logits": [logit] * len(r.token_ids)}) for r in o.records))
+        o = Trace(
+            o.header,
+            tuple(
+                PromptRecord(
+                    r.id,
+                    r.prompt_token_ids,
+                    r.token_ids,
+                    top_logprobs=r.top_logprobs,
+                    extra={"token_logits": [logit] * len(r.token_ids)},
+                )
+                for r in o.records
+            ),
+        )
     result = compare(o, c, Doctrine(near_tie_mnats=near, near_tie_ulps=ulps, strict=strict))
     counts = result.counts
     # A report never counts a defect and passes.

@@ -56,10 +56,24 @@ def test_text_report_lays_out_every_divergence_kind(mixed: GateResult) -> None:
     assert "\x1b[" not in text
     assert all(len(line) <= 100 for line in text.splitlines())
     flat = " ".join(line.strip(" │") for line in text.splitlines())
-    for needle in ("EXACT TIE", "NEAR TIE", "DEFECT", "forced (decode)", "forced (prefill)", "free run",
-                   '464 "import"', '1445 "from"', "= bit for bit", "rank 2 in the oracle's top-k",
-                   "not in the oracle's top-k", "none (stopped early)", "≥ 4,750.0", TIE_RULE,
-                   '"near | tie `x`\\nline two"', "125.0-mnat threshold"):
+    for needle in (
+        "EXACT TIE",
+        "NEAR TIE",
+        "DEFECT",
+        "forced (decode)",
+        "forced (prefill)",
+        "free run",
+        '464 "import"',
+        '1445 "from"',
+        "= bit for bit",
+        "rank 2 in the oracle's top-k",
+        "not in the oracle's top-k",
+        "none (stopped early)",
+        "≥ 4,750.0",
+        TIE_RULE,
+        '"near | tie `x`\\nline two"',
+        "125.0-mnat threshold",
+    ):
         assert needle in flat, needle
     assert text.splitlines()[-2] == mixed.summary
     assert text.splitlines()[-1] == "verdict: fail (exit 1)"
@@ -171,8 +185,7 @@ def test_junit_is_valid_xml_with_control_characters(mixed: GateResult) -> None:
     tie = next(d for d in mixed.divergences if d.cls == EXACT_TIE)
     weird = replace(tie, oracle_text="\x00\x1b[31m\ufffe", candidate_text="]]> & <")
     prompts = tuple(replace(p, id="tie\x07") if p.id == "tie" else p for p in mixed.prompts)
-    result = replace(mixed, prompts=prompts, divergences=(replace(weird, prompt_id="tie\x07"),
-                                                          *mixed.divergences[1:]))
+    result = replace(mixed, prompts=prompts, divergences=(replace(weird, prompt_id="tie\x07"), *mixed.divergences[1:]))
     xml = render_junit(result)
     root = ET.fromstring(xml.encode())
     assert "\\u0000\\u001b[31m\\ufffe" in xml
@@ -216,16 +229,22 @@ def test_html_links_every_divergence_to_its_card(tmp_path: Path) -> None:
 
 def test_html_escapes_text(mixed: GateResult) -> None:
     tie = next(d for d in mixed.divergences if d.cls == EXACT_TIE)
-    result = replace(mixed, divergences=(replace(tie, oracle_text="<img src=x onerror=alert(1)>"),
-                                         *mixed.divergences[1:]))
+    result = replace(
+        mixed, divergences=(replace(tie, oracle_text="<img src=x onerror=alert(1)>"), *mixed.divergences[1:])
+    )
     page = render_html(result)
     assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
 
 
 def test_html_gap_plot_and_figures_hook(tmp_path: Path) -> None:
     figures = [
-        {"title": "Drift of the chosen token", "unit": "mnats", "values": [0, 3, 20, 189],
-         "markers": [{"at": 125, "label": "near-tie threshold"}], "note": "HF vs vLLM"},
+        {
+            "title": "Drift of the chosen token",
+            "unit": "mnats",
+            "values": [0, 3, 20, 189],
+            "markers": [{"at": 125, "label": "near-tie threshold"}],
+            "note": "HF vs vLLM",
+        },
         {"title": "Pre-binned", "unit": "steps", "edges": [0, 1, 2], "counts": [4, 1]},
         {"title": "Broken", "edges": [0, 1], "counts": [1, 2]},
         "not a figure",
@@ -248,8 +267,7 @@ def test_histogram_bins_put_a_gap_at_the_threshold_on_the_near_side() -> None:
 
 
 def test_html_without_outcomes_still_draws_strict_prompts(mixed: GateResult) -> None:
-    p = PromptResult(id="legacy", strict=True, ratified=True, positions=4, positions_matched=4,
-                     first_divergence=None)
+    p = PromptResult(id="legacy", strict=True, ratified=True, positions=4, positions_matched=4, first_divergence=None)
     page = render_html(replace(mixed, prompts=(p,), divergences=()))
     assert '<rect x="0" y="0" width="4" height="1" class="o-match">' in page
 

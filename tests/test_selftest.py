@@ -160,8 +160,23 @@ def test_selftest_cli_on_the_tiny_pin(tiny_pin: tuple[Path, Path], capsys: pytes
     from gate.cli.main import main
 
     weights, pins = tiny_pin
-    argv = ["selftest", "--model", MODEL, "--model-path", str(weights), "--pins-dir", str(pins),
-            "--near-tie-mnats", "0", "--only", "tie-break-highest", "--only", "runner-up+4-steps", "--format", "json"]
+    argv = [
+        "selftest",
+        "--model",
+        MODEL,
+        "--model-path",
+        str(weights),
+        "--pins-dir",
+        str(pins),
+        "--near-tie-mnats",
+        "0",
+        "--only",
+        "tie-break-highest",
+        "--only",
+        "runner-up+4-steps",
+        "--format",
+        "json",
+    ]
     with one_thread(), pytest.raises(SystemExit) as exc:
         main(argv)
     out = capsys.readouterr()

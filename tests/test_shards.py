@@ -39,7 +39,10 @@ def test_shard_of_is_the_same_in_another_process() -> None:
     code = "from gate.core.shards import shard_of; print([shard_of(f'prompt-{i:03d}', 7) for i in range(40)])"
     outs = {
         subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
             env={"PYTHONHASHSEED": seed, "PATH": ""},
         ).stdout
         for seed in ("1", "2")
@@ -324,8 +327,16 @@ def test_gate_merge_reports_bad_shards_as_input_errors(tmp_path: Path, shard_fil
 
 def test_gate_merge_options_exclude_each_other(tmp_path: Path, shard_files: list[Path]) -> None:
     code, err = gate(
-        ["merge", *map(str, shard_files), "-o", str(tmp_path / "m.jsonl"), "--pin-model", "org/tiny",
-         "--expect-ids-from", str(shard_files[0])]
+        [
+            "merge",
+            *map(str, shard_files),
+            "-o",
+            str(tmp_path / "m.jsonl"),
+            "--pin-model",
+            "org/tiny",
+            "--expect-ids-from",
+            str(shard_files[0]),
+        ]
     )
     assert code == 2, err
     assert "give one" in err
@@ -364,8 +375,13 @@ def test_gate_merge_against_a_changed_suite(tmp_path: Path) -> None:
     files = []
     for k in (1, 2):
         t = shard_trace(k, 2)
-        stale = TraceHeader(t.header.role, t.header.model, t.header.top_k, t.header.engine,
-                            {**t.header.extra, "pin_suite_sha256": sha if k == 1 else "0" * 64})
+        stale = TraceHeader(
+            t.header.role,
+            t.header.model,
+            t.header.top_k,
+            t.header.engine,
+            {**t.header.extra, "pin_suite_sha256": sha if k == 1 else "0" * 64},
+        )
         files.append(write(tmp_path / f"s{k}.jsonl", Trace(stale, t.records)))
     out = str(tmp_path / "m.jsonl")
     code, err = gate(["merge", *map(str, files), "-o", out, "--pin-model", "org/tiny", "--pins-dir", str(pins)])
@@ -373,7 +389,8 @@ def test_gate_merge_against_a_changed_suite(tmp_path: Path) -> None:
     assert "header field 'pin_suite_sha256'" in err  # the shards disagree with each other
 
     files[1].write_bytes(files[0].read_bytes().replace(sha.encode(), b"f" * 64).split(b"\n", 1)[0] + b"\n")
-    code, err = gate(["merge", str(files[1]), "-o", str(tmp_path / "m.jsonl"), "--pin-model", "org/tiny",
-                      "--pins-dir", str(pins)])
+    code, err = gate(
+        ["merge", str(files[1]), "-o", str(tmp_path / "m.jsonl"), "--pin-model", "org/tiny", "--pins-dir", str(pins)]
+    )
     assert code == 2, err
     assert "the suite changed since; rerun the shards" in err

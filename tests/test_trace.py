@@ -98,24 +98,37 @@ ORACLE_REJECTIONS: list[tuple[str, Callable[[list[Any]], None], int, str | None,
     ("bool id in a top list", _top(3, 1, [[8, -0.25], [True, -3.0]]), 3, "top_logprobs[1][1]", "integer"),
     ("string logprob", _top(3, 1, [[8, -0.25], [9, "-3.0"]]), 3, "top_logprobs[1][1]", "number"),
     ("bool logprob", _top(3, 1, [[8, -0.25], [9, False]]), 3, "top_logprobs[1][1]", "number"),
-    ("infinite logprob", _raw(3, b'{"id":"b","prompt_token_ids":[1],"token_ids":[8],'
-                                 b'"top_logprobs":[[[8,-1e999]]]}'), 3, None, "infinity"),
-    ("NaN logprob", _raw(3, b'{"id":"b","prompt_token_ids":[1],"token_ids":[8],'
-                            b'"top_logprobs":[[[8,NaN]]]}'), 3, None, "bad JSON"),
+    (
+        "infinite logprob",
+        _raw(3, b'{"id":"b","prompt_token_ids":[1],"token_ids":[8],"top_logprobs":[[[8,-1e999]]]}'),
+        3,
+        None,
+        "infinity",
+    ),
+    (
+        "NaN logprob",
+        _raw(3, b'{"id":"b","prompt_token_ids":[1],"token_ids":[8],"top_logprobs":[[[8,NaN]]]}'),
+        3,
+        None,
+        "bad JSON",
+    ),
     ("logprob above 0", _top(3, 1, [[8, 0.25], [9, -3.0]]), 3, "top_logprobs[1][0]", "above 0"),
     ("pair of three", _top(3, 1, [[8, -0.25, 1], [9, -3.0]]), 3, "top_logprobs[1][0]", "pair"),
     ("pair of one", _top(3, 1, [[8, -0.25], [9]]), 3, "top_logprobs[1][1]", "pair"),
     ("position not a list", _top(3, 1, {"8": -0.25}), 3, "top_logprobs[1]", "list"),
     ("empty oracle position", _top(3, 1, []), 3, "top_logprobs[1]", "empty"),
-    ("out of order by logprob", _top(3, 1, [[8, -0.25], [9, -3.0], [10, -2.0]]), 3, "top_logprobs[1][2]",
-     "out of order"),
-    ("tie out of id order", _top(3, 1, [[8, -0.25], [20, -3.0], [10, -3.0]]), 3, "top_logprobs[1][2]",
-     "out of order"),
+    (
+        "out of order by logprob",
+        _top(3, 1, [[8, -0.25], [9, -3.0], [10, -2.0]]),
+        3,
+        "top_logprobs[1][2]",
+        "out of order",
+    ),
+    ("tie out of id order", _top(3, 1, [[8, -0.25], [20, -3.0], [10, -3.0]]), 3, "top_logprobs[1][2]", "out of order"),
     ("repeated token id", _top(3, 1, [[8, -0.25], [9, -3.0], [9, -4.0]]), 3, "top_logprobs[1][2]", "twice"),
     ("chosen token absent", _top(3, 1, [[9, -0.25], [10, -3.0]]), 3, "top_logprobs[1]", "does not contain"),
     ("chosen token not greedy", _top(3, 1, [[9, -0.1], [8, -0.25]]), 3, "top_logprobs[1]", "not the greedy"),
-    ("oracle took the higher id of a tie", _set(2, "token_ids", [100, 1445, 102]), 2, "top_logprobs[1]",
-     "lowest id"),
+    ("oracle took the higher id of a tie", _set(2, "token_ids", [100, 1445, 102]), 2, "top_logprobs[1]", "lowest id"),
     ("positions fewer than tokens", _set(3, "top_logprobs", [filler(7)]), 3, "top_logprobs", "1 positions"),
     ("duplicate id", _set(3, "id", "a"), 3, "id", "duplicate"),
     ("bad finish_reason", _set(2, "finish_reason", "eos"), 2, "finish_reason", "length"),
@@ -126,10 +139,12 @@ ORACLE_REJECTIONS: list[tuple[str, Callable[[list[Any]], None], int, str | None,
 ]
 
 
-@pytest.mark.parametrize(("case", "edit", "line", "field", "words"), ORACLE_REJECTIONS,
-                         ids=[c[0] for c in ORACLE_REJECTIONS])
-def test_reader_rejects(tmp_path: Path, case: str, edit: Callable[[list[Any]], None], line: int,
-                        field: str | None, words: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "edit", "line", "field", "words"), ORACLE_REJECTIONS, ids=[c[0] for c in ORACLE_REJECTIONS]
+)
+def test_reader_rejects(
+    tmp_path: Path, case: str, edit: Callable[[list[Any]], None], line: int, field: str | None, words: str
+) -> None:
     lines: list[Any] = copy.deepcopy(good_oracle())
     edit(lines)
     path = write_lines(tmp_path / "oracle.jsonl", lines)
@@ -146,10 +161,12 @@ def test_reader_rejects(tmp_path: Path, case: str, edit: Callable[[list[Any]], N
         assert f"field '{field}'" in message
 
 
-@pytest.mark.parametrize(("case", "edit", "line", "field", "words"), ORACLE_REJECTIONS[:: 3],
-                         ids=[c[0] for c in ORACLE_REJECTIONS[:: 3]])
-def test_cli_rejection_exits_2_without_traceback(tmp_path: Path, case: str, edit: Callable[[list[Any]], None],
-                                                 line: int, field: str | None, words: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "edit", "line", "field", "words"), ORACLE_REJECTIONS[::3], ids=[c[0] for c in ORACLE_REJECTIONS[::3]]
+)
+def test_cli_rejection_exits_2_without_traceback(
+    tmp_path: Path, case: str, edit: Callable[[list[Any]], None], line: int, field: str | None, words: str
+) -> None:
     lines: list[Any] = copy.deepcopy(good_oracle())
     edit(lines)
     oracle = write_lines(tmp_path / "oracle.jsonl", lines)
@@ -237,8 +254,7 @@ def test_write_then_read_is_bit_exact(tmp_path: Path) -> None:
 
 
 def test_writer_refuses_to_overwrite(tmp_path: Path) -> None:
-    trace = Trace(TraceHeader("candidate", "m", 0, {"name": "e", "version": "1"}),
-                  (PromptRecord("p", (1,), (2,)),))
+    trace = Trace(TraceHeader("candidate", "m", 0, {"name": "e", "version": "1"}), (PromptRecord("p", (1,), (2,)),))
     path = tmp_path / "t.jsonl"
     write_trace(path, trace)
     with pytest.raises(Exception, match="already exists"):

@@ -47,8 +47,14 @@ def filler(chosen: int) -> list[list[Any]]:
     return position(chosen, (chosen + 1000, -3.0), (chosen + 1001, -4.0), (chosen + 1002, -5.0), lp=-0.25)
 
 
-def oracle_record(pid: str, tops: Sequence[list[list[Any]]], *, prompt: str | None = None,
-                  tokens: Sequence[str] | None = None, **extra: Any) -> dict[str, Any]:
+def oracle_record(
+    pid: str,
+    tops: Sequence[list[list[Any]]],
+    *,
+    prompt: str | None = None,
+    tokens: Sequence[str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "id": pid,
         "prompt_token_ids": list(PROMPT),
@@ -76,8 +82,9 @@ def write_jsonl(path: Path, head: dict[str, Any], records: Iterable[dict[str, An
     return path
 
 
-def write_pair(folder: Path, oracle: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]],
-               *, name: str = "t") -> tuple[Path, Path]:
+def write_pair(
+    folder: Path, oracle: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]], *, name: str = "t"
+) -> tuple[Path, Path]:
     o = write_jsonl(folder / f"{name}-oracle.jsonl", header("oracle"), oracle)
     c = write_jsonl(folder / f"{name}-candidate.jsonl", header("candidate"), candidate)
     return o, c
@@ -143,8 +150,7 @@ def mixed_records() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     oracle.append(oracle_record("prefill", prefill))
     p_ids = [t[0][0] for t in prefill]
     p_ids[4] = 91
-    cand.append(candidate_record("prefill", [t[0][0] for t in prefill], forced_token_ids=p_ids,
-                                 forced_mode="prefill"))
+    cand.append(candidate_record("prefill", [t[0][0] for t in prefill], forced_token_ids=p_ids, forced_mode="prefill"))
     return oracle, cand
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gate.core.pins import Pin
     from gate.core.trace import Trace
 
+
 def _load_pin(model: str | None, pins_dir: Path | None) -> Pin:
     from gate.core.pins import load_pin
     from gate.models.default import DEFAULT_MODEL
@@ -29,9 +30,7 @@ def _load_pin(model: str | None, pins_dir: Path | None) -> Pin:
 # --------------------------------------------------------------------------- calibrate
 
 
-def run_candidate_for_calibration(
-    pin: Pin, engine_name: str, opts: dict[str, str], model_path: Path | None
-) -> Trace:
+def run_candidate_for_calibration(pin: Pin, engine_name: str, opts: dict[str, str], model_path: Path | None) -> Trace:
     """The candidate's trace over the pin: free run with top-k logprobs, forced where it diverged."""
     from gate.cli.common import ProgressBar, load_engine_for, progress_bar
     from gate.workflows.calibrate import candidate_trace
@@ -70,8 +69,17 @@ def calibrate_command(
     if (oracle is None) != (candidate is None):
         raise InputError("gate calibrate takes two trace files (ORACLE CANDIDATE) or none (run the engine on the pin)")
     if oracle is not None and candidate is not None:
-        given = [f for f, v in (("--engine", engine), ("--engine-opt", opts), ("--model-path", model_path),
-                                ("--save-trace", save_trace), ("--model", model)) if v]
+        given = [
+            f
+            for f, v in (
+                ("--engine", engine),
+                ("--engine-opt", opts),
+                ("--model-path", model_path),
+                ("--save-trace", save_trace),
+                ("--model", model),
+            )
+            if v
+        ]
         if given:
             raise InputError(f"two trace files are calibrated as they are: {', '.join(given)} cannot go with them")
         o = read_trace(oracle, role="oracle")
@@ -181,9 +189,7 @@ def register(app: typer.Typer) -> None:
         model_path: options.ModelPath = None,
         pins_dir: options.PinsDir = None,
         engine_opt: options.EngineOpt = None,
-        only: Annotated[
-            list[str] | None, typer.Option("--only", help="Run only this mutant (repeatable).")
-        ] = None,
+        only: Annotated[list[str] | None, typer.Option("--only", help="Run only this mutant (repeatable).")] = None,
         near_tie_mnats: options.NearTieMnats = None,
         near_tie_ulps: Annotated[
             float | None, typer.Option("--near-tie-ulps", help="Near-tie allowance in grid steps (default: 1).")

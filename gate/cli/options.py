@@ -41,9 +41,6 @@ NearTieUlps = Annotated[
     ),
 ]
 Strict = Annotated[bool, typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.")]
-Output = Annotated[
-    Path | None, typer.Option("--output", "-o", help="Write the report to this file (- for stdout).")
-]
+Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to this file (- for stdout).")]
 Force = Annotated[bool, typer.Option("--force", help="Replace the files the command writes if they exist.")]
 SaveTrace = Annotated[Path | None, typer.Option("--save-trace", help="Save the candidate's trace (format v1) here.")]
-

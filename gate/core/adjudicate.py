@@ -227,9 +227,14 @@ def summary_line(result: GateResult) -> str:
 
 # dtype -> (stored mantissa bits, exponent of the smallest normal number).
 _GRIDS: dict[str, tuple[int, int]] = {
-    "bfloat16": (7, -126), "bf16": (7, -126),
-    "float16": (10, -14), "fp16": (10, -14), "half": (10, -14),
-    "float32": (23, -126), "fp32": (23, -126), "float": (23, -126),
+    "bfloat16": (7, -126),
+    "bf16": (7, -126),
+    "float16": (10, -14),
+    "fp16": (10, -14),
+    "half": (10, -14),
+    "float32": (23, -126),
+    "fp32": (23, -126),
+    "float": (23, -126),
 }
 
 
@@ -498,8 +503,7 @@ def compare_prompt(
             # engine is not deterministic or the file is inconsistent, and it fails the
             # prompt (below): a report never counts a defect and passes.
             self_contradictions = sum(
-                1 for i in range(min(n, len(ct)) if first is None else first + 1)
-                if i < len(ct) and forced[i] != ct[i]
+                1 for i in range(min(n, len(ct)) if first is None else first + 1) if i < len(ct) and forced[i] != ct[i]
             )
         unadjudicated = 0
         outcomes = OUTCOME_MATCH * n
@@ -536,4 +540,3 @@ def compare_prompt(
         ),
         ordered,
     )
-

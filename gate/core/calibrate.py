@@ -210,9 +210,7 @@ def calibrate(
     top_gaps = _top_gaps(s, oracle_logits_seen)
     notes: list[str] = []
     if not oracle_logits_seen:
-        notes.append(
-            "the oracle recorded no raw logits (token_logits): no figures in grid steps, no ULP doctrine"
-        )
+        notes.append("the oracle recorded no raw logits (token_logits): no figures in grid steps, no ULP doctrine")
     pairs = Pairs.of(s.pair_gap, s.pair_drift, s.pair_step)
     default = compare(oracle, candidate, Doctrine(dtype=dtype))
     flips = [

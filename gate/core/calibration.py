@@ -295,5 +295,3 @@ def calibration_figures(cal: Calibration, near_tie_mnats: float | None = None) -
             "a flip at a gap left of the threshold would be ratified",
         },
     ]
-
-

@@ -412,5 +412,3 @@ def option_changes(golden_info: Mapping[str, Any], info: Mapping[str, Any]) -> d
 def engine_summary(info: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("name", "version", "device", "dtype", "tie_break", "options")
     return {k: info[k] for k in keys if info.get(k) is not None}
-
-

@@ -149,5 +149,3 @@ def read_settings(path: Path) -> OracleSettings:
     settings = OracleSettings(**kwargs)
     _check_settings(settings, name)
     return settings
-
-

@@ -116,5 +116,3 @@ def diff_pins(old: Trace, new: Trace) -> PinDiff:
 
 def _top_list(top: Iterable[Sequence[Any]]) -> list[tuple[int, float]]:
     return [(int(t), float(lp)) for t, lp in top]
-
-

@@ -204,5 +204,3 @@ def recommend(
             "suite before relying on it"
         )
     return replace(chosen, reasons=tuple(reasons))
-
-

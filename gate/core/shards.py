@@ -177,9 +177,7 @@ def merge_traces(
     for t in traces:
         for rec in t.records:
             if rec.id in found:
-                raise InputError(
-                    f"{t.path}: prompt {rec.id!r} is also in {found[rec.id][1]}: shards must not overlap"
-                )
+                raise InputError(f"{t.path}: prompt {rec.id!r} is also in {found[rec.id][1]}: shards must not overlap")
             found[rec.id] = (rec, t.path)
     if expected_ids is None:
         records = tuple(rec for rec, _ in found.values())

@@ -340,8 +340,10 @@ def _line_cost(raw: bytes) -> int:
 
 def _loads(name: str, lineno: int, raw: bytes) -> Any:
     if len(raw) >= _COST_CHECK_BYTES and (cost := _line_cost(raw)) > MAX_LINE_COST:
-        why = (f"parsing this line would take about {cost / 2**30:.1f} GiB of memory ({len(raw):,} bytes of "
-               f"mostly lists or objects); refused unparsed (limit {MAX_LINE_COST / 2**30:.0f} GiB)")
+        why = (
+            f"parsing this line would take about {cost / 2**30:.1f} GiB of memory ({len(raw):,} bytes of "
+            f"mostly lists or objects); refused unparsed (limit {MAX_LINE_COST / 2**30:.0f} GiB)"
+        )
         raise TraceError(name, lineno, None, why)
     try:
         return orjson.loads(raw)
@@ -401,8 +403,10 @@ def _check_unique_keys(name: str, lineno: int, raw: bytes, obj: Any, keys: int) 
         json.loads(raw, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as dup:
         key = str(dup.args[0])
-        why = ("appears twice in one JSON object; refused, because readers disagree on which value "
-               "counts (orjson takes the last, others the first)")
+        why = (
+            "appears twice in one JSON object; refused, because readers disagree on which value "
+            "counts (orjson takes the last, others the first)"
+        )
         raise TraceError(name, lineno, key, why) from None
     except (ValueError, RecursionError):
         pass  # not for this check to judge: an object where none belongs is refused later
@@ -549,7 +553,9 @@ def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[
             raise TraceError(name, lineno, where, f"logit {v} is out of range")
         if not math.isfinite(v) or abs(v) > MAX_ABS_LOGIT:
             raise TraceError(
-                name, lineno, where,
+                name,
+                lineno,
+                where,
                 f"logit {v!r} is not plausible: |logit| must be at most {MAX_ABS_LOGIT:g} (it sizes the "
                 "dtype's grid step for --near-tie-ulps; a tampered one would ratify any gap)",
             )
@@ -599,8 +605,10 @@ def _check_list_lengths(name: str, lineno: int | None, fld: str, top: list[Any],
 
 
 def _too_much_mass(name: str, lineno: int | None, fld: str, mass: float) -> TraceError:
-    why = (f"the list's probabilities add up to {mass:.6g}, more than 1 (allowed: {MAX_TOP_MASS:g} for "
-           "rounding): not one softmax's top-k")
+    why = (
+        f"the list's probabilities add up to {mass:.6g}, more than 1 (allowed: {MAX_TOP_MASS:g} for "
+        "rounding): not one softmax's top-k"
+    )
     return TraceError(name, lineno, fld, why)
 
 
@@ -659,8 +667,6 @@ def _fast_top(top: list[Any], token_ids: Sequence[int], oracle: bool) -> TopLogp
     return TopLogprobs(ids, lps)
 
 
-
-
 def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: int, oracle: bool) -> None:
     if not isinstance(pos, list):
         raise TraceError(name, lineno, fld, "must be a list of [token_id, logprob] pairs")
@@ -690,7 +696,9 @@ def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: i
         seen.add(tid)
         if prev is not None and not (lp < prev[0] or (lp == prev[0] and tid > prev[1])):
             raise TraceError(
-                name, lineno, where,
+                name,
+                lineno,
+                where,
                 f"out of order: [{tid}, {lp!r}] after [{prev[1]}, {prev[0]!r}] "
                 "(lists are sorted by logprob descending, then token id ascending)",
             )
@@ -706,8 +714,10 @@ def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: i
     if best_id != chosen:
         chosen_lp = next(lp for t, lp in pos if t == chosen)
         if chosen_lp == best_lp:
-            why = (f"the oracle chose {chosen} at an exact tie with {best_id}; torch.argmax (vLLM's greedy "
-                   "sampler) takes the lowest id among equal maxima, so this record is inconsistent")
+            why = (
+                f"the oracle chose {chosen} at an exact tie with {best_id}; torch.argmax (vLLM's greedy "
+                "sampler) takes the lowest id among equal maxima, so this record is inconsistent"
+            )
         else:
             why = f"the chosen token {chosen} is not the greedy choice: {best_id} has a higher logprob"
         raise TraceError(name, lineno, fld, why)

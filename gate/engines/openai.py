@@ -422,7 +422,6 @@ class OpenAIEngine:
         return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
 
-
 def _prompt_logprob_rows(choice: Mapping[str, Any], n: int) -> list[dict[Any, Any] | None] | None:
     """vLLM's own `prompt_logprobs` (ids as keys, {"logprob", "rank", ...} as values), if sent."""
     rows = choice.get("prompt_logprobs")

@@ -22,7 +22,6 @@ from gate.reports.markdown import cell
 from gate.reports.terminal import TEXT_WIDTH
 from gate.text import printable
 
-FORMATS = ("rich", "json", "markdown")
 CAUSE_STYLES = {TIE_BREAK: "bold cyan", NEAR_TIE_FLIP: "bold yellow", REAL_CHANGE: "bold red"}
 CAUSE_ICONS = {TIE_BREAK: "🟦", NEAR_TIE_FLIP: "🟨", REAL_CHANGE: "🟥"}
 VERDICT_STYLES = {"unchanged": "bold green", "accepted": "bold cyan", "moved": "bold red"}

@@ -108,12 +108,10 @@ def render_html(result: GateResult) -> str:
             _strips(result),
             _plots(result),
             _divergences(result),
-            f'<footer>gate {escape(__version__)} · self-contained report, nothing loaded from the network</footer>',
+            f"<footer>gate {escape(__version__)} · self-contained report, nothing loaded from the network</footer>",
         ]
     )
-    return _PAGE.replace("{title}", escape(title)).replace("{css}", _CSS).replace("{js}", _JS).replace(
-        "{body}", body
-    )
+    return _PAGE.replace("{title}", escape(title)).replace("{css}", _CSS).replace("{js}", _JS).replace("{body}", body)
 
 
 # --------------------------------------------------------------------------- summary
@@ -151,9 +149,14 @@ def _header(result: GateResult) -> str:
 
 
 def _legend() -> str:
-    return '<div class="legend">' + "".join(
-        f'<span><i class="swatch {OUTCOME_CSS[code]}"></i>{escape(name)}</span>' for code, name in OUTCOME_NAMES.items()
-    ) + "</div>"
+    return (
+        '<div class="legend">'
+        + "".join(
+            f'<span><i class="swatch {OUTCOME_CSS[code]}"></i>{escape(name)}</span>'
+            for code, name in OUTCOME_NAMES.items()
+        )
+        + "</div>"
+    )
 
 
 def _strips(result: GateResult) -> str:
@@ -181,8 +184,11 @@ def _strip(p: PromptResult, divs: list[Divergence], width: int) -> str:
     for code, run in groupby(outcomes):
         n = sum(1 for _ in run)
         css = OUTCOME_CSS.get(code, "o-unadj")
-        label = f"{OUTCOME_NAMES.get(code, code)}: positions {pos}–{pos + n - 1}" if n > 1 else \
-            f"{OUTCOME_NAMES.get(code, code)}: position {pos}"
+        label = (
+            f"{OUTCOME_NAMES.get(code, code)}: positions {pos}–{pos + n - 1}"
+            if n > 1
+            else f"{OUTCOME_NAMES.get(code, code)}: position {pos}"
+        )
         if code in (OUTCOME_EXACT_TIE, OUTCOME_NEAR_TIE, OUTCOME_DEFECT):
             # one link per divergence; a stroke keeps a single position visible however long the strip
             for i in range(pos, pos + n):
@@ -338,7 +344,7 @@ def _figure(fig: Any, index: int) -> str:
     if not bars:
         return f'<p class="note">{escape(title)}: no data</p>'
     note = f'<p class="note">{escape(str(fig["note"]))}</p>' if fig.get("note") else ""
-    return f'<figure>{svg_histogram(bars, title=title, unit=unit, markers=markers)}{note}</figure>'
+    return f"<figure>{svg_histogram(bars, title=title, unit=unit, markers=markers)}{note}</figure>"
 
 
 def _plots(result: GateResult) -> str:
@@ -377,8 +383,13 @@ def _card(d: Divergence, prompt: str | None, near: float) -> str:
     rows = []
     if prompt is not None:
         rows.append(_row("prompt", f'<span class="prompt">{escape(quote(prompt))}</span>'))
-    rows.append(_row("oracle", f"<b>{escape(token_label(d.oracle_token, d.oracle_text))}</b> "
-                               f"logprob <code>{escape(fmt_logprob(d.oracle_logprob))}</code>"))
+    rows.append(
+        _row(
+            "oracle",
+            f"<b>{escape(token_label(d.oracle_token, d.oracle_text))}</b> "
+            f"logprob <code>{escape(fmt_logprob(d.oracle_logprob))}</code>",
+        )
+    )
     cand = f"<b>{escape(token_label(d.candidate_token, d.candidate_text))}</b>"
     if d.candidate_logprob is not None:
         cand += f" logprob <code>{escape(fmt_logprob(d.candidate_logprob))}</code>"
@@ -394,8 +405,12 @@ def _card(d: Divergence, prompt: str | None, near: float) -> str:
         gaps += f" ({escape(fmt_ulps(d.gap_ulps))} grid steps)"
     gaps += f" · top-2 gap {escape(fmt_mnats(d.top2_gap_mnats))} mnats"
     rows.append(_row("gaps", gaps))
-    rows.append(_row("class", escape(why(d, near, with_rule=False)) + (" — fails the prompt" if d.cls == DEFECT else
-                                                                      " — ratified")))
+    rows.append(
+        _row(
+            "class",
+            escape(why(d, near, with_rule=False)) + (" — fails the prompt" if d.cls == DEFECT else " — ratified"),
+        )
+    )
     if d.tie_break is not None:
         rows.append(_row("tie-break", escape(tie_break_line(d))))
     if d.alternatives:
@@ -404,11 +419,16 @@ def _card(d: Divergence, prompt: str | None, near: float) -> str:
             f'<tr class="{"is-o" if t == d.oracle_token else "is-c " + css if t == d.candidate_token else ""}">'
             f"<td>{r}</td><td>{escape(token_label(t, txt))}</td><td><code>{escape(fmt_logprob(lp))}</code></td>"
             f"<td>{escape(fmt_mnats(1000.0 * (top_lp - lp)))}</td>"
-            f'<td>{"oracle" if t == d.oracle_token else "candidate" if t == d.candidate_token else ""}</td></tr>'
+            f"<td>{'oracle' if t == d.oracle_token else 'candidate' if t == d.candidate_token else ''}</td></tr>"
             for r, (t, lp, txt) in enumerate(d.alternatives, start=1)
         )
-        rows.append(_row("oracle top", '<table class="alts"><tr><th>#</th><th>token</th><th>logprob</th>'
-                                       f"<th>below top (mnats)</th><th></th></tr>{alt_rows}</table>"))
+        rows.append(
+            _row(
+                "oracle top",
+                '<table class="alts"><tr><th>#</th><th>token</th><th>logprob</th>'
+                f"<th>below top (mnats)</th><th></th></tr>{alt_rows}</table>",
+            )
+        )
     return (
         f'<article class="div {css}" id="{_anchor(d.prompt_id, d.position)}">'
         f'<h3><span class="badge {css}">{escape(CLASS_LABELS.get(d.cls, d.cls))}</span> '
@@ -427,8 +447,21 @@ def _divergences(result: GateResult) -> str:
     parts.extend(_card(d, prompts.get(d.prompt_id), near) for d in divs[:MAX_CARDS])
     rest = divs[MAX_CARDS:]
     if rest:
-        head = "".join(f"<th>{h}</th>" for h in ("prompt", "position", "source", "class", "oracle", "candidate",
-                                                 "oracle − candidate (mnats)", "top-2 gap", "rank", "tie-break"))
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in (
+                "prompt",
+                "position",
+                "source",
+                "class",
+                "oracle",
+                "candidate",
+                "oracle − candidate (mnats)",
+                "top-2 gap",
+                "rank",
+                "tie-break",
+            )
+        )
         body = "".join(
             f'<tr id="{_anchor(d.prompt_id, d.position)}"><td>{escape(d.prompt_id)}</td><td>{d.position}</td>'
             f"<td>{escape(source_label(d))}</td>"

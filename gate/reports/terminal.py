@@ -88,12 +88,18 @@ def report_parts(
     if divs:
         prompts = {p.id: p.prompt for p in result.prompts}
         shown = divs[:max_panels]
-        parts.append(Text(f"Divergences ({len(divs)}; one panel each for the first {len(shown)})"
-                          if len(divs) > len(shown) else f"Divergences ({len(divs)})", style="bold"))
+        parts.append(
+            Text(
+                f"Divergences ({len(divs)}; one panel each for the first {len(shown)})"
+                if len(divs) > len(shown)
+                else f"Divergences ({len(divs)})",
+                style="bold",
+            )
+        )
         for d in shown:
             parts.append(divergence_panel(d, prompts.get(d.prompt_id), result.doctrine.near_tie_mnats))
         if len(divs) > len(shown):
-            parts.append(divergence_table(divs[len(shown):], title=f"The other {len(divs) - len(shown)} divergences"))
+            parts.append(divergence_table(divs[len(shown) :], title=f"The other {len(divs) - len(shown)} divergences"))
     parts.append(Text(result.summary, style="bold"))
     parts.append(Text(verdict_line(result), style=VERDICT_STYLES.get(result.verdict, "bold")))
     return parts
@@ -153,8 +159,12 @@ def divergence_panel(d: Divergence, prompt: str | None, near_tie_mnats: float) -
     grid.add_column(overflow="fold")
     if prompt is not None:
         grid.add_row("prompt", Text(quote(prompt)))
-    grid.add_row("oracle", Text.assemble((token_label(d.oracle_token, d.oracle_text), "bold"),
-                                         f"   logprob {fmt_logprob(d.oracle_logprob)}"))
+    grid.add_row(
+        "oracle",
+        Text.assemble(
+            (token_label(d.oracle_token, d.oracle_text), "bold"), f"   logprob {fmt_logprob(d.oracle_logprob)}"
+        ),
+    )
     cand = Text(token_label(d.candidate_token, d.candidate_text), style="bold")
     if d.candidate_logprob is not None:
         cand.append(f"   logprob {fmt_logprob(d.candidate_logprob)}")
@@ -195,16 +205,28 @@ def _alternatives(d: Divergence) -> Table:
             mark, style = "oracle", "bold"
         elif tid == d.candidate_token:
             mark, style = "candidate", CLASS_STYLES.get(d.cls, "bold")
-        table.add_row(str(rank), token_label(tid, text), fmt_logprob(lp), fmt_mnats(1000.0 * (top_lp - lp)),
-                      Text(mark, style=style))
+        table.add_row(
+            str(rank),
+            token_label(tid, text),
+            fmt_logprob(lp),
+            fmt_mnats(1000.0 * (top_lp - lp)),
+            Text(mark, style=style),
+        )
     return table
 
 
 def divergence_table(divs: list[Divergence], *, title: str = "Divergences") -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col, justify in (
-        ("prompt", "left"), ("pos", "right"), ("source", "left"), ("class", "left"), ("oracle", "left"),
-        ("candidate", "left"), ("o − c mnats", "right"), ("top-2 gap", "right"), ("rank", "right"),
+        ("prompt", "left"),
+        ("pos", "right"),
+        ("source", "left"),
+        ("class", "left"),
+        ("oracle", "left"),
+        ("candidate", "left"),
+        ("o − c mnats", "right"),
+        ("top-2 gap", "right"),
+        ("rank", "right"),
         ("tie-break", "left"),
     ):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]

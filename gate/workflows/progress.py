@@ -127,5 +127,3 @@ class ProgressLog:
             if os.path.samestat(os.fstat(self._fh.fileno()), os.stat(self.path)):
                 self.path.unlink()
         self.close()
-
-
