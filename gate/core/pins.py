@@ -265,6 +265,7 @@ def oracle_header(
 ) -> TraceHeader:
     """The pin's header: the engine's own provenance plus what gate knows about the run."""
     engine = dict(info)
+    moe = engine.pop("moe", None)  # MoE routing recorded: a header block (docs/moe-routing.md)
     engine.setdefault("name", settings.engine)
     engine.setdefault("version", _dist_version(settings.engine, f"{settings.engine}-cpu") or "unknown")
     extra: dict[str, Any] = {
@@ -292,6 +293,7 @@ def oracle_header(
         "suite_sha256": suite.sha256,
         "prompt_sha256": suite.prompt_hashes(),
         "created_at": created_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "moe": moe,
     }
     extra = {k: v for k, v in extra.items() if v is not None}
     return TraceHeader(role="oracle", model=model, top_k=top_k, engine=engine, extra=extra)

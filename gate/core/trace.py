@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from gate.core.atomic import atomic_write
+from gate.core.moe import check_routing_fields, parse_moe_header
 from gate.errors import TraceError
 
 TRACE_VERSION = 1
@@ -448,6 +449,8 @@ def _parse_header(name: str, lineno: int, obj: Any) -> TraceHeader:
         if not isinstance(engine.get(key), str):
             raise TraceError(name, lineno, f"engine.{key}", "missing or not a string")
     extra = {k: v for k, v in obj.items() if k not in _HEADER_KEYS}
+    if "moe" in extra:  # MoE routing (docs/moe-routing.md): absent for dense models
+        parse_moe_header(name, lineno, extra["moe"])
     return TraceHeader(role=role, model=model, top_k=top_k, engine=engine, extra=extra)
 
 
@@ -511,6 +514,16 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
             raise TraceError(name, lineno, "forced_token_ids", "is for candidate traces only")
         forced_ids = _int_list(name, lineno, "forced_token_ids", forced)
     extra = {k: v for k, v in obj.items() if k not in _RECORD_KEYS}
+    check_routing_fields(
+        name,
+        lineno,
+        extra,
+        header.extra.get("moe"),
+        prompt_len=len(prompt_ids),
+        generated=len(token_ids),
+        forced=len(forced_ids) if forced_ids is not None else None,
+        oracle=oracle,
+    )
     return PromptRecord(
         id=rid,
         prompt_token_ids=prompt_ids,

@@ -19,6 +19,14 @@ trust_remote_code (default false), revision, attn_implementation (e.g. eager, sd
 threads (torch's intra-op threads for the whole process; default torch's choice, one per
 core: on a machine shared with other jobs, 1 avoids OpenMP spinning against them, which
 measured 7x slower per token with 2 threads on 2 busy cores).
+
+MoE models (docs/moe-routing.md): forward hooks on the routers (`gate.engines.hf_routing`,
+installed only when the model has MoE routers) record each input token's experts and
+router scores, in the records' `routed_experts`/`router_top` (free run) and
+`forced_routed_experts`/`forced_router_top` (forced). Options: record_routing (default
+true), routing (own, or oracle: use the pin's recorded experts instead of the router's
+own top-k; the scores are still computed and recorded), router_tie_break (lowest, or
+highest: a deliberate mutant taking the higher expert ids among equal router scores).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from gate.engines._common import (
     sort_top,
 )
 from gate.engines._common import stop_token_ids as _stop_token_ids
+from gate.engines.hf_routing import SOFTMAX, RouterHooks, find_routers
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -52,7 +61,11 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "revision": (str, None),
     "attn_implementation": (str, None),
     "threads": (int, None),
+    "record_routing": (bool, True),
+    "routing": (str, "own"),
+    "router_tie_break": (str, "lowest"),
 }
+ROUTING_MODES = ("own", "oracle")
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
@@ -118,6 +131,11 @@ class HFEngine(TokenizerMethods):
         self.tokenizer = _load_tokenizer(self.model_path, kwargs)
         self.stop_ids = _stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.vocab_size: int | None = getattr(self.model.config, "vocab_size", None)
+        self.router_hooks = self._routing_hooks(opts)
+        self.oracle_routing: Mapping[tuple[int, ...], Any] | None = None
+        self._rows: list[Any] = []  # this prompt's routing so far: experts, then router top
+        self._tops: list[Any] = []
+        self._seq = 0
 
     # ------------------------------------------------------------------ the contract
 
@@ -140,6 +158,7 @@ class HFEngine(TokenizerMethods):
             "model_path": self.model_path,
             "architecture": type(self.model).__name__,
             **host_platform(),
+            **({"moe": self._moe_info()} if self.router_hooks is not None else {}),
         }
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
@@ -160,6 +179,7 @@ class HFEngine(TokenizerMethods):
         chosen: list[int] = []
         tops: list[Pairs] = []
         logits_out: list[float] = []
+        self._start_routing(prompt_token_ids)
         with torch.inference_mode():
             logits, cache = self._prefill(prompt_token_ids) if token_ids else (None, None)
             for i, fed in enumerate(token_ids):
@@ -174,7 +194,7 @@ class HFEngine(TokenizerMethods):
             token_ids=tuple(chosen),
             top_logprobs=tops if top_k > 0 else None,
             mode="decode",
-            extra={"token_logits": logits_out},
+            extra={"token_logits": logits_out, **self._routing_extra("forced_")},
         )
 
     def close(self) -> None:
@@ -190,6 +210,7 @@ class HFEngine(TokenizerMethods):
         tops: list[Pairs] = []
         logits_out: list[float] = []
         finish = "length"
+        self._start_routing(prompt.prompt_token_ids)
         with torch.inference_mode():
             logits, cache = self._prefill(prompt.prompt_token_ids) if prompt.max_tokens > 0 else (None, None)
             for i in range(prompt.max_tokens):
@@ -212,21 +233,91 @@ class HFEngine(TokenizerMethods):
             finish_reason=finish,
             prompt=prompt.prompt,
             tokens=tuple(texts) if texts is not None else None,
-            extra={"token_logits": logits_out},
+            extra={"token_logits": logits_out, **self._routing_extra("")},
         )
 
     def _prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
         """One forward over the whole prompt. Returns (logits of the last position, shape
         [vocab], in the model's dtype; the KV cache the model built)."""
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        self._seq = 0
+        out = self._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1], out.past_key_values
 
     def _decode(self, token: int, cache: Any) -> tuple[torch.Tensor, Any]:
         """One decode step: feed one token against the cache. Returns ([vocab] logits, cache)."""
         ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = self._forward(ids, input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[0, -1], out.past_key_values
+
+    # ------------------------------------------------------------------ MoE routing
+
+    def _forward(self, ids: torch.Tensor, **kwargs: Any) -> Any:
+        """One model call; on an MoE model, with its routing recorded (and replayed)."""
+        hooks = self.router_hooks
+        if hooks is None:
+            return self.model(**kwargs)
+        hooks.begin(self._seq)
+        out = self.model(**kwargs)
+        if self.options["record_routing"]:
+            rows, top = hooks.take()
+            self._rows.extend(rows)
+            self._tops.extend(top)
+        self._seq += int(ids.shape[1])
+        return out
+
+    def _routing_hooks(self, opts: Mapping[str, Any]) -> RouterHooks | None:
+        mode, tie = str(opts["routing"]).lower(), str(opts["router_tie_break"]).lower()
+        if mode not in ROUTING_MODES:
+            raise InputError(f"--engine-opt routing={opts['routing']}: expected own or oracle")
+        if tie not in ("lowest", "highest"):
+            raise InputError(f"--engine-opt router_tie_break={opts['router_tie_break']}: expected lowest or highest")
+        routers = find_routers(self.model)
+        if not routers:
+            if mode == "oracle" or tie == "highest":
+                raise InputError(f"--engine-opt routing/router_tie_break: {self.model_id!r} has no MoE router gate knows")
+            return None
+        hooks = RouterHooks(routers, tie_break=tie)
+        if tie == "highest" and hooks.kind != SOFTMAX:
+            hooks.remove()
+            raise InputError("--engine-opt router_tie_break=highest is for softmax routers (not grouped top-k)")
+        return hooks
+
+    def replay_routing(self, oracle: Mapping[tuple[int, ...], Any]) -> None:
+        """The oracle's recorded experts by prompt token ids (gate.core.routing.oracle_routing),
+        used instead of the router's own choice when `routing=oracle`."""
+        self.oracle_routing = oracle
+
+    def _start_routing(self, prompt_ids: Sequence[int]) -> None:
+        self._rows, self._tops = [], []
+        hooks = self.router_hooks
+        if hooks is None or self.options["routing"] != "oracle":
+            return
+        rows = self.oracle_routing.get(tuple(prompt_ids)) if self.oracle_routing is not None else None
+        if rows is None:
+            raise InputError(
+                "--engine-opt routing=oracle: the pin has no recorded routing for this prompt "
+                "(record the pin with the vllm engine on an MoE model: docs/moe-routing.md)"
+            )
+        hooks.replay = rows
+
+    def _routing_extra(self, prefix: str) -> dict[str, Any]:
+        if self.router_hooks is None or not self.options["record_routing"] or not self._rows:
+            return {}
+        return {f"{prefix}routed_experts": self._rows, f"{prefix}router_top": self._tops}
+
+    def _moe_info(self) -> dict[str, Any]:
+        hooks = self.router_hooks
+        assert hooks is not None
+        return {
+            "layers": hooks.layers,
+            "top_k": hooks.top_k,
+            "num_experts": hooks.num_experts,
+            "source": "hf_router_hooks",
+            "score": hooks.score_name,
+            "routing": self.options["routing"],
+            "router_tie_break": hooks.tie_break,
+        }
 
     def _step(self, raw_logits: torch.Tensor | None, position: int, top_k: int) -> StepResult:
         """Read one position: raw logits ([vocab], model dtype) to the greedy choice, the

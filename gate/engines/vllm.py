@@ -32,7 +32,12 @@ Options (`--engine-opt key=value`): dtype (default bfloat16), max_model_len,
 tensor_parallel_size, pipeline_parallel_size, enforce_eager (default true on CPU, false
 elsewhere), gpu_memory_utilization, kv_cache_gib (on CPU: sets VLLM_CPU_KVCACHE_SPACE
 when unset; default 1), trust_remote_code, seed, max_logprobs (default 20), record_logits,
-force_mode (decode | prefill), revision, max_num_seqs.
+force_mode (decode | prefill), revision, max_num_seqs, record_routing (default true).
+
+MoE routing (`record_routing`, docs/moe-routing.md): on an MoE model each record's
+`extra["routed_experts"]` holds the experts vLLM's routers chose for every input token of
+the free run, captured inside the worker (`gate.engines.vllm_routing`: vllm-cpu cannot
+return them through `enable_return_routed_experts`), and `info()["moe"]` describes them.
 
 vLLM starts worker processes with `spawn` on CPU: the program that creates this engine
 must guard its entry point (`if __name__ == "__main__":`); the `gate` console script,
@@ -84,7 +89,9 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "force_mode": (str, "decode"),
     "revision": (str, None),
     "max_num_seqs": (int, None),
+    "record_routing": (bool, True),
 }
+ROUTING_EXTENSION = "gate.engines.vllm_routing.RoutingCapture"
 FORCE_MODES = ("decode", "prefill")
 # The SamplingParams.extra_args key that carries the oracle's tokens to the processor.
 FORCED_KEY = "gate_forced_token_ids"
@@ -158,6 +165,8 @@ class VLLMEngine(TokenizerMethods):
         self.enforce_eager = opts["enforce_eager"] if opts["enforce_eager"] is not None else self.on_cpu
         self.llm: Any = None
         self.llm_mode = ""
+        self.moe: dict[str, Any] | None = None
+        self._request_ids: dict[str, str] = {}
         llm = self._start("raw_logprobs")
         self.tokenizer = llm.get_tokenizer()
         self.vocab_size: int | None = llm.llm_engine.model_config.get_vocab_size()
@@ -190,11 +199,24 @@ class VLLMEngine(TokenizerMethods):
                 kwargs[key] = o[key]
         if o["force_mode"] == "decode":
             kwargs["logits_processors"] = [ForcedTokensProcessor]
+        routing = bool(o["record_routing"]) and logprobs_mode == "raw_logprobs"
+        if routing:
+            kwargs["worker_extension_cls"] = ROUTING_EXTENSION
         try:
             self.llm = vllm.LLM(**kwargs)
         except (ValueError, TypeError) as exc:
             raise InputError(f"vLLM refused the model or options for {self.model_id!r}: {exc}") from None
         self.llm_mode = logprobs_mode
+        if routing and self.llm.llm_engine.model_config.is_moe:
+            layers = self.llm.collective_rpc("gate_routing_start")[0]
+            if layers:
+                config = self.llm.llm_engine.model_config
+                self.moe = {
+                    "layers": list(layers),
+                    "top_k": int(config.get_num_experts_per_tok()),
+                    "num_experts": int(config.get_num_experts()),
+                    "source": "vllm_router_capture",
+                }
         return self.llm
 
     def _shutdown(self) -> None:
@@ -231,6 +253,7 @@ class VLLMEngine(TokenizerMethods):
             "model": self.model_id,
             "model_path": self.model_path,
             **host_platform(),
+            **({"moe": dict(self.moe)} if self.moe is not None else {}),
         }
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
@@ -243,7 +266,11 @@ class VLLMEngine(TokenizerMethods):
         for p in prompts:
             check_prompt_ids(p.id, p.prompt_token_ids, self.vocab_size)
         runnable = [p for p in prompts if p.max_tokens > 0]
-        outputs = self._run(self._start("raw_logprobs"), runnable, top_k)
+        llm = self._start("raw_logprobs")
+        if self.moe is not None:
+            llm.collective_rpc("gate_routing_clear")
+        outputs = self._run(llm, runnable, top_k)
+        routing = self._take_routing(llm, runnable, outputs) if self.moe is not None else {}
         logits: dict[str, list[float]] = {}
         if self.options["record_logits"] and runnable:
             # Left running in raw_logits mode: the next call that needs logprobs switches back.
@@ -264,6 +291,8 @@ class VLLMEngine(TokenizerMethods):
             finish = _finish(p.id, out.finish_reason) if out is not None else "length"
             texts = self.decode_tokens(ids)
             extra: dict[str, Any] = {"token_logits": logits[p.id]} if p.id in logits else {}
+            if p.id in routing:
+                extra["routed_experts"] = routing[p.id]
             records.append(
                 PromptRecord(
                     id=p.id,
@@ -319,7 +348,30 @@ class VLLMEngine(TokenizerMethods):
         inputs = [{"prompt_token_ids": list(p.prompt_token_ids)} for p in prompts]
         params = [self._params(p.max_tokens, top_k if top_k > 0 else None) for p in prompts]
         results = llm.generate(inputs, params, use_tqdm=False)
+        self._request_ids = {p.id: str(r.request_id) for p, r in zip(prompts, results, strict=True)}
         return {p.id: r.outputs[0] for p, r in zip(prompts, results, strict=True)}
+
+    def _take_routing(
+        self, llm: Any, prompts: Sequence[PromptInput], outputs: dict[str, Any]
+    ) -> dict[str, list[Any]]:
+        """The routing the worker captured, by prompt id. vLLM's worker knows a request as
+        `<LLM request id>-<suffix>`; each must have one row per input token."""
+        captured: dict[str, Any] = llm.collective_rpc("gate_routing_take")[0]
+        by_request: dict[str, Any] = {}
+        for rid, rows in captured.items():
+            by_request.setdefault(str(rid).split("-", 1)[0], rows)
+        out: dict[str, list[Any]] = {}
+        for p in prompts:
+            rows = by_request.get(self._request_ids.get(p.id, ""))
+            want = len(p.prompt_token_ids) + len(outputs[p.id].token_ids) - 1
+            if rows is None or len(rows) != want:
+                got = "none" if rows is None else str(len(rows))
+                raise EngineError(
+                    f"prompt {p.id!r}: vLLM's routing capture gave {got} rows for {want} input tokens; "
+                    "pass --engine-opt record_routing=false to record the pin without routing"
+                )
+            out[p.id] = rows
+        return out
 
     def _force(self, prompt_ids: Sequence[int], oracle: Sequence[int], top_k: int, mode: str) -> ForcedDecode:
         self._check_top_k(top_k)

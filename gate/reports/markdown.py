@@ -24,6 +24,8 @@ from gate.reports._common import (
     verdict_line,
 )
 from gate.text import printable
+from gate.reports.routing import flip_line
+from gate.reports.routing import summary_line as routing_line
 
 VERDICT_ICONS = {STRICT_PASS: "✅", RATIFIED_PASS: "☑️", "fail": "❌"}
 CLASS_ICONS = {EXACT_TIE: "🟦", "near_tie": "🟨", "defect": "🟥"}
@@ -65,6 +67,11 @@ def render_markdown(result: GateResult) -> str:
         ties = [d for d in result.divergences if d.cls == EXACT_TIE]
         if ties:
             lines += ["", f"Exact ties: the logprobs are equal bit for bit; {TIE_BREAK_RULE}."]
+    if result.routing is not None:
+        lines += ["", "### MoE routing", "", f"**{cell(routing_line(result.routing))}**", ""]
+        for d in result.divergences:
+            if d.routing_flip is not None:
+                lines.append(f"- {cell(d.prompt_id)} position {d.position}: {cell(flip_line(d.routing_flip))}")
     return "\n".join(lines) + "\n"
 
 

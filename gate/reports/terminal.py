@@ -34,6 +34,8 @@ from gate.reports._common import (
     verdict_line,
     why,
 )
+from gate.reports.routing import flip_line
+from gate.reports.routing import summary_line as routing_line
 
 CLASS_STYLES = {EXACT_TIE: "bold cyan", NEAR_TIE: "bold yellow", DEFECT: "bold red"}
 VERDICT_STYLES = {STRICT_PASS: "bold green", RATIFIED_PASS: "bold cyan", "fail": "bold red"}
@@ -100,6 +102,8 @@ def report_parts(
             parts.append(divergence_panel(d, prompts.get(d.prompt_id), result.doctrine.near_tie_mnats))
         if len(divs) > len(shown):
             parts.append(divergence_table(divs[len(shown) :], title=f"The other {len(divs) - len(shown)} divergences"))
+    if result.routing is not None:
+        parts.append(Text(routing_line(result.routing), style="bold magenta"))
     parts.append(Text(result.summary, style="bold"))
     parts.append(Text(verdict_line(result), style=VERDICT_STYLES.get(result.verdict, "bold")))
     return parts
@@ -185,6 +189,8 @@ def divergence_panel(d: Divergence, prompt: str | None, near_tie_mnats: float) -
     grid.add_row("class", Text(f"{why(d, near_tie_mnats, with_rule=False)} — {verdict}", style=cls_style))
     if d.tie_break is not None:
         grid.add_row("tie-break", Text(tie_break_line(d)))
+    if d.routing_flip is not None:
+        grid.add_row("routing", Text(flip_line(d.routing_flip), style="magenta"))
     if d.alternatives:
         grid.add_row("oracle top", _alternatives(d))
     return Panel(grid, title=title, title_align="left", border_style=cls_style.replace("bold ", ""), expand=True)

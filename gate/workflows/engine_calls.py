@@ -13,6 +13,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
+from gate.core.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
 from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
 from gate.core.trace import PromptRecord, TopList, Trace, TraceError, check_top_logprobs
 from gate.errors import EngineError, GateError
@@ -161,8 +162,12 @@ def force_along(
                 f"engine {name!r}: force returned {len(fd.token_ids)} choices for {len(o.token_ids)} oracle tokens "
                 f"(prompt {pid!r})"
             )
+        # MoE: the candidate's routing on the oracle's tokens (docs/moe-routing.md).
+        routing = {k: v for k, v in fd.extra.items() if k in (FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP)}
         forced[pid] = replace(
-            c, forced_token_ids=tuple(int(t) for t in fd.token_ids), extra={**c.extra, "forced_mode": fd.mode}
+            c,
+            forced_token_ids=tuple(int(t) for t in fd.token_ids),
+            extra={**c.extra, "forced_mode": fd.mode, **routing},
         )
         progress.advance()
     records = tuple(forced.get(r.id, r) for r in free.records)

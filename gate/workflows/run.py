@@ -32,6 +32,7 @@ from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
 from gate.core.engine import Engine, PromptInput
 from gate.core.pins import Pin
 from gate.core.run_record import Interruption, RunRecord
+from gate.core.routing import attribute_routing, oracle_routing
 from gate.core.shards import format_shard, select_shard
 from gate.core.trace import PromptRecord, Trace, TraceHeader
 from gate.errors import EngineError, InputError, Interrupted
@@ -133,6 +134,8 @@ def candidate_header(pin: Pin, info: Mapping[str, Any], top_k: int) -> TraceHead
         "pin_suite_sha256": pin.suite.sha256,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if isinstance(engine.get("moe"), dict):  # MoE routing recorded (docs/moe-routing.md)
+        extra["moe"] = engine.pop("moe")
     return TraceHeader(role="candidate", model=pin.model, top_k=top_k, engine=engine, extra=extra)
 
 
@@ -315,6 +318,9 @@ def gate_run(
         vocab = vocab_size_of(info, pin.provenance("vocab_size"))
         run_engine = GuardedEngine(engine, timeout=plan.timeout, vocab_size=vocab)
         check_prompt_tokens(run_engine, pin)
+    replay = getattr(engine, "replay_routing", None)
+    if callable(replay):  # MoE: the engine may route as the oracle did (docs/moe-routing.md)
+        replay(oracle_routing(pin.trace))
     top_k = pin.top_k
     header = candidate_header(whole, info, top_k)  # the whole suite's hash: shards merge back into it
     extra = dict(header.extra)
@@ -387,7 +393,7 @@ def gate_run(
             # The free run is complete and in the progress file; forcing starts over on resume.
             raise _interrupted(pin, records, info, header, doctrine, timings, plan) from None
     with timed(timings, "adjudicate_s"):
-        result = compare(pin.trace, candidate, doctrine)
+        result = attribute_routing(compare(pin.trace, candidate, doctrine), pin.trace, candidate)
         result = add_token_texts(
             result, lambda ids: engine_call(engine, "decode_tokens", partial(engine.decode_tokens, ids))
         )
@@ -461,7 +467,7 @@ def gate_trace_against_pin(
             hashes={k: str(stated[k]) for k in HASH_KEYS if stated.get(k)},
         )
     with timed(timings, "adjudicate_s"):
-        result = compare(pin.trace, candidate, doctrine)
+        result = attribute_routing(compare(pin.trace, candidate, doctrine), pin.trace, candidate)
     record = run_record(pin, dict(header.engine), timings, ())
     return RunOutcome(result=replace(result, run=record), candidate=candidate, timings=timings)
 
