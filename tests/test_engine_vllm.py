@@ -51,8 +51,14 @@ def oracle(vllm_engine: Any, batch: list[PromptInput]) -> list[PromptRecord]:
     return list(vllm_engine.generate(batch, TOP_K))
 
 
+MOE = {"layers": [0, 1], "top_k": 2, "num_experts": 4}
+
+
 def trace(role: str, records: Sequence[PromptRecord], name: str) -> Trace:
-    return Trace(TraceHeader(role, "tiny-qwen3-moe", TOP_K, {"name": name, "version": "test"}), tuple(records))
+    """The engines record the tiny MoE's routing (docs/moe-routing.md): the header says how."""
+    return Trace(
+        TraceHeader(role, "tiny-qwen3-moe", TOP_K, {"name": name, "version": "test"}, {"moe": MOE}), tuple(records)
+    )
 
 
 def test_generate_writes_a_valid_oracle_trace(vllm_engine: Any, oracle: list[PromptRecord], tmp_path: Path) -> None:
@@ -67,6 +73,9 @@ def test_generate_writes_a_valid_oracle_trace(vllm_engine: Any, oracle: list[Pro
         assert rec.tokens is not None and len(rec.tokens) == len(rec.token_ids)
     info = vllm_engine.info()
     assert info["name"] == "vllm" and info["logprobs_mode"] == "raw_logprobs" and info["dtype"] == "bfloat16"
+    assert info["moe"] == {**MOE, "source": "vllm_router_capture"}
+    for rec in back.records:  # vLLM's own routing, one entry per input token
+        assert len(rec.extra["routed_experts"]) == len(rec.prompt_token_ids) + len(rec.token_ids) - 1
 
 
 def test_generate_is_reproducible(vllm_engine: Any, batch: list[PromptInput], oracle: list[PromptRecord]) -> None:

@@ -247,3 +247,44 @@ def build_tiny_qwen3_5_moe(
             layer, expert, factor = expert_fault
             model.model.layers[layer].mlp.experts.down_proj[expert].mul_(factor)
     return _save(model, folder, dtype)
+
+
+def tiny_mixtral(seed: int = 0) -> Any:
+    """An in-memory 2-layer MixtralForCausalLM (4 experts, 2 per token), float32."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    _seeded(seed)
+    return MixtralForCausalLM(MixtralConfig(**_common(), num_local_experts=4, num_experts_per_tok=2)).eval()
+
+
+def tiny_deepseek_v3(seed: int = 0) -> Any:
+    """An in-memory 2-layer DeepseekV3ForCausalLM: layer 0 dense, layer 1 MoE with grouped
+    top-k (8 experts in 2 groups, 1 group kept, 2 experts per token) and a random
+    correction bias, float32."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    _seeded(seed)
+    cfg = _common(num_key_value_heads=2)
+    cfg.pop("head_dim")
+    model = DeepseekV3ForCausalLM(
+        DeepseekV3Config(
+            **cfg,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            n_shared_experts=1,
+            norm_topk_prob=True,
+        )
+    ).eval()
+    with torch.no_grad():
+        model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(torch.randn(8) * 0.1)
+    return model

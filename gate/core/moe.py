@@ -141,12 +141,16 @@ def parse_moe_header(name: str, lineno: int, value: Any) -> MoeInfo:
         or any(type(x) is not int or x < 0 for x in layers)
         or layers != sorted(set(layers))
     ):
-        raise TraceError(name, lineno, "moe.layers", f"must be a non-empty ascending list of layer indices, found {layers!r}")
+        raise TraceError(
+            name, lineno, "moe.layers", f"must be a non-empty ascending list of layer indices, found {layers!r}"
+        )
     top_k, experts = value.get("top_k"), value.get("num_experts")
     if type(experts) is not int or experts < 1:
         raise TraceError(name, lineno, "moe.num_experts", f"must be an integer >= 1, found {experts!r}")
     if type(top_k) is not int or not 1 <= top_k <= experts:
-        raise TraceError(name, lineno, "moe.top_k", f"must be an integer from 1 to num_experts ({experts}), found {top_k!r}")
+        raise TraceError(
+            name, lineno, "moe.top_k", f"must be an integer from 1 to num_experts ({experts}), found {top_k!r}"
+        )
     source = value.get("source", "")
     if not isinstance(source, str):
         raise TraceError(name, lineno, "moe.source", "must be a string")
@@ -161,8 +165,15 @@ def parse_moe_header(name: str, lineno: int, value: Any) -> MoeInfo:
 
 
 def check_routing_fields(
-    name: str, lineno: int, obj: Mapping[str, Any], header_moe: Any, *, prompt_len: int, generated: int,
-    forced: int | None, oracle: bool,
+    name: str,
+    lineno: int,
+    obj: Mapping[str, Any],
+    header_moe: Any,
+    *,
+    prompt_len: int,
+    generated: int,
+    forced: int | None,
+    oracle: bool,
 ) -> dict[str, np.ndarray]:
     """Validate a record's routing fields against the header's (raw) `moe` block; return them
     as arrays (experts [n, layers, k]; router_top ids and `.scores`, [n, layers, m] each)."""
@@ -172,7 +183,7 @@ def check_routing_fields(
     if header_moe is None:
         raise TraceError(name, lineno, present[0], "routing data needs a `moe` block in the header")
     moe = parse_moe_header(name, 1, header_moe)
-    if oracle and len(present) > 1 or (oracle and present[0] != ROUTED_EXPERTS):
+    if (oracle and len(present) > 1) or (oracle and present[0] != ROUTED_EXPERTS):
         bad = next(f for f in present if f != ROUTED_EXPERTS)
         raise TraceError(name, lineno, bad, "is for candidate traces only (an oracle records routed_experts)")
     out: dict[str, np.ndarray] = {}
@@ -194,9 +205,7 @@ def _experts(name: str, lineno: int, fld: str, value: Any, moe: MoeInfo, n: int)
     if not isinstance(value, list):
         raise TraceError(name, lineno, fld, "must be a list (one entry per input token)")
     if len(value) != n:
-        raise TraceError(
-            name, lineno, fld, f"has {len(value)} entries; prompt plus generated tokens minus one is {n}"
-        )
+        raise TraceError(name, lineno, fld, f"has {len(value)} entries; prompt plus generated tokens minus one is {n}")
     shape = (n, len(moe.layers), moe.top_k)
     try:
         arr = np.array(value, dtype=np.int64) if n else np.zeros(shape, dtype=np.int64)
@@ -260,8 +269,9 @@ def _router_top(name: str, lineno: int, fld: str, value: Any, moe: MoeInfo, n: i
             li, ls = [], []
             prev: tuple[float, int] | None = None
             for pair in layer:
-                if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
-                        and type(pair[1]) in (int, float)):
+                if not (
+                    isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and type(pair[1]) in (int, float)
+                ):
                     raise TraceError(name, lineno, where, f"must hold [expert, score] pairs, found {pair!r}")
                 e, s = pair
                 if not 0 <= e < moe.num_experts:

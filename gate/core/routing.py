@@ -41,7 +41,9 @@ from gate.core.trace import PromptRecord, Trace
 from gate.errors import InputError
 
 
-def attribute_routing(result: GateResult, oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -> GateResult:
+def attribute_routing(
+    result: GateResult, oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None
+) -> GateResult:
     """`result` with each divergence's first routing flip and a routing summary; unchanged
     when the oracle has no routing (a dense model, or a pin recorded without it)."""
     moe = moe_of(oracle.header.extra)
@@ -68,8 +70,14 @@ def attribute_routing(result: GateResult, oracle: Trace, candidate: Trace, doctr
             divs.append(d)
             continue
         assert o is not None
-        flip = first_flip(*rows, prompt_len=len(o.prompt_token_ids), position=d.position, moe=moe,
-                          near_tie_mnats=doctrine.near_tie_mnats, score=score)
+        flip = first_flip(
+            *rows,
+            prompt_len=len(o.prompt_token_ids),
+            position=d.position,
+            moe=moe,
+            near_tie_mnats=doctrine.near_tie_mnats,
+            score=score,
+        )
         if flip is not None:
             classes[flip.cls] += 1
         divs.append(replace(d, routing_flip=flip))
@@ -179,8 +187,10 @@ def first_flip(
 
 
 def _disagreements(oracle: Trace, candidate: Trace, result: GateResult) -> int:
-    """Under replay: router steps (token x layer) where the candidate's own top-k, from its
-    recorded scores, is not the oracle's set; over the steps whose context is the oracle's."""
+    """Under replay: router steps (token x layer) where the oracle's experts are not a top-k
+    of the candidate's own scores (an oracle expert scored strictly below one it left out,
+    or outside the recorded scores; ties either way agree), over the steps whose context
+    is the oracle's."""
     o_by = oracle.by_id()
     first = {p.id: p.first_divergence for p in result.prompts}
     total = 0
@@ -193,13 +203,21 @@ def _disagreements(oracle: Trace, candidate: Trace, result: GateResult) -> int:
         orows = _array(o.extra.get(ROUTED_EXPERTS), np.int64)
         if not isinstance(top, list) or not top or orows is None:
             continue
-        k = orows.shape[2]
-        own = np.asarray(top, dtype=np.float64)[..., :k, 0].astype(np.int64)
-        stop = len(own)
+        arr = np.asarray(top, dtype=np.float64)  # [n, layers, m, 2]
+        stop = min(len(arr), len(orows))
         p = first.get(c.id)
         if not forced and p is not None:
             stop = min(stop, len(o.prompt_token_ids) + p)
-        total += int(differing(orows[:stop], own[:stop]).sum())
+        for t in range(stop):
+            for j in range(arr.shape[1]):
+                scores = dict(zip(arr[t, j, :, 0].astype(np.int64).tolist(), arr[t, j, :, 1].tolist(), strict=True))
+                chosen = set(orows[t, j].tolist())
+                if not chosen <= scores.keys():
+                    total += 1
+                    continue
+                left = [v for e, v in scores.items() if e not in chosen]
+                if left and min(scores[e] for e in chosen) < max(left):
+                    total += 1
     return total
 
 

@@ -272,10 +272,14 @@ class HFEngine(TokenizerMethods):
             raise InputError(f"--engine-opt routing={opts['routing']}: expected own or oracle")
         if tie not in ("lowest", "highest"):
             raise InputError(f"--engine-opt router_tie_break={opts['router_tie_break']}: expected lowest or highest")
+        if not opts["record_routing"] and mode == "own" and tie == "lowest":
+            return None  # nothing to record or change: the model runs untouched
         routers = find_routers(self.model)
         if not routers:
             if mode == "oracle" or tie == "highest":
-                raise InputError(f"--engine-opt routing/router_tie_break: {self.model_id!r} has no MoE router gate knows")
+                raise InputError(
+                    f"--engine-opt routing/router_tie_break: {self.model_id!r} has no MoE router gate knows"
+                )
             return None
         hooks = RouterHooks(routers, tie_break=tie)
         if tie == "highest" and hooks.kind != SOFTMAX:

@@ -100,9 +100,7 @@ class RouterHooks:
         self._chosen: dict[int, torch.Tensor] = {}
         self._ids: dict[int, torch.Tensor] = {}
         self._scores: dict[int, torch.Tensor] = {}
-        self.handles = [
-            r.module.register_forward_hook(self._hook(i, r)) for i, r in enumerate(self.routers)
-        ]
+        self.handles = [r.module.register_forward_hook(self._hook(i, r)) for i, r in enumerate(self.routers)]
 
     @property
     def layers(self) -> list[int]:

@@ -351,9 +351,7 @@ class VLLMEngine(TokenizerMethods):
         self._request_ids = {p.id: str(r.request_id) for p, r in zip(prompts, results, strict=True)}
         return {p.id: r.outputs[0] for p, r in zip(prompts, results, strict=True)}
 
-    def _take_routing(
-        self, llm: Any, prompts: Sequence[PromptInput], outputs: dict[str, Any]
-    ) -> dict[str, list[Any]]:
+    def _take_routing(self, llm: Any, prompts: Sequence[PromptInput], outputs: dict[str, Any]) -> dict[str, list[Any]]:
         """The routing the worker captured, by prompt id. vLLM's worker knows a request as
         `<LLM request id>-<suffix>`; each must have one row per input token."""
         captured: dict[str, Any] = llm.collective_rpc("gate_routing_take")[0]

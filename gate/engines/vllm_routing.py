@@ -18,6 +18,7 @@ The worker runs this module in its own process; the engine reaches it through
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 
@@ -39,7 +40,7 @@ class RoutingCapture:
         for module in runner.get_model().modules():
             if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
                 layer = int(module.layer_id)
-                module.router.set_capture_fn(lambda ids, layer=layer: self._gate_capture(layer, ids))
+                module.router.set_capture_fn(partial(self._gate_capture, layer))
                 layers.append(layer)
         if layers and not getattr(runner, "_gate_wrapped", False):
             inner = runner.execute_model

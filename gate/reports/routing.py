@@ -14,7 +14,9 @@ def flip_line(flip: RoutingFlip) -> str:
     if flip.router_gap_mnats is not None:
         gap = f"router gap {fmt_mnats(flip.router_gap_mnats)} {unit}"
     elif flip.gap_lower_bound_mnats is not None:
-        gap = f"router gap ≥ {fmt_mnats(flip.gap_lower_bound_mnats)} {unit} (oracle's expert outside the recorded scores)"
+        gap = (
+            f"router gap ≥ {fmt_mnats(flip.gap_lower_bound_mnats)} {unit} (oracle's expert outside the recorded scores)"
+        )
     else:
         gap = "router gap unknown (no router scores)"
     cls = CLASS_LABELS.get(flip.cls, flip.cls)
@@ -35,7 +37,9 @@ def summary_line(summary: RoutingSummary) -> str:
             f"{'s' if n == 1 else ''} (in the experts or attention, not the router)"
         )
         if summary.router_disagreements:
-            line += f"; the candidate's own router would have chosen other experts at {summary.router_disagreements} steps"
+            line += (
+                f"; the candidate's own router would have chosen other experts at {summary.router_disagreements} steps"
+            )
         return line
     parts = []
     for count, label in (

@@ -13,8 +13,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
-from gate.core.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
 from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
+from gate.core.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
 from gate.core.trace import PromptRecord, TopList, Trace, TraceError, check_top_logprobs
 from gate.errors import EngineError, GateError
 from gate.workflows.guard import EngineTimeout
