@@ -14,8 +14,8 @@ from typing import Any
 
 from gate.core.consistency import check_something_to_compare, header_warnings
 from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
-from gate.core.run_record import RunRecord
 from gate.core.moe import RoutingFlip, RoutingSummary
+from gate.core.run_record import RunRecord
 from gate.core.trace import PromptRecord, TopList, Trace
 from gate.errors import InputError
 

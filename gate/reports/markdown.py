@@ -23,9 +23,9 @@ from gate.reports._common import (
     token_label,
     verdict_line,
 )
-from gate.text import printable
 from gate.reports.routing import flip_line
 from gate.reports.routing import summary_line as routing_line
+from gate.text import printable
 
 VERDICT_ICONS = {STRICT_PASS: "✅", RATIFIED_PASS: "☑️", "fail": "❌"}
 CLASS_ICONS = {EXACT_TIE: "🟦", "near_tie": "🟨", "defect": "🟥"}

@@ -31,8 +31,8 @@ from gate.core.adjudicate import GateResult, compare
 from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
 from gate.core.engine import Engine, PromptInput
 from gate.core.pins import Pin
-from gate.core.run_record import Interruption, RunRecord
 from gate.core.routing import attribute_routing, oracle_routing
+from gate.core.run_record import Interruption, RunRecord
 from gate.core.shards import format_shard, select_shard
 from gate.core.trace import PromptRecord, Trace, TraceHeader
 from gate.errors import EngineError, InputError, Interrupted
