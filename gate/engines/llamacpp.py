@@ -31,7 +31,9 @@ oracle's token instead of the pick, one decode call per token.
 
 Options (`--engine-opt key=value`): threads (decode threads; default 1),
 threads_batch (prefill threads; default = threads), n_batch (default 512), n_ubatch (default
-512), n_ctx (default 2048), model_path (any GGUF), sampler (greedy | ggml_argmax).
+512), n_ctx (default 2048), model_path (any GGUF), sampler (greedy | ggml_argmax),
+preflight (default true: load the GGUF once in a child process first, so a file that makes
+llama.cpp abort is an engine error, exit 3, not a crash of gate).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "n_ctx": (int, 2048),
     "model_path": (str, None),
     "sampler": (str, "greedy"),
+    "preflight": (bool, True),
 }
 SAMPLERS = {"greedy": "lowest_id", "ggml_argmax": "highest_id"}
 GGUF_MAGIC = b"GGUF"
@@ -73,7 +76,7 @@ GGUF_MAGIC = b"GGUF"
 _LOG: collections.deque[str] = collections.deque(maxlen=20)
 
 
-@llama_cpp.llama_log_callback  # type: ignore[misc]
+@llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
     if level in (2, 3):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
@@ -110,6 +113,8 @@ class LlamaCppEngine:
         self.gguf_sha256 = file_sha256(self.gguf)
         _check_gguf_header(self.gguf)
 
+        if opts["preflight"]:
+            _preflight(self.gguf)
         llama_cpp.llama_backend_init()
         _LOG.clear()
         model_params = llama_cpp.llama_model_default_params()
@@ -245,7 +250,7 @@ class LlamaCppEngine:
                 bos_token=self._piece(self.model.token_bos()),
                 add_generation_prompt=True,
             )
-            result = formatter(messages=[dict(m) for m in messages])
+            result = formatter(messages=[dict(m) for m in messages])  # type: ignore[misc]
             ids = self.model.tokenize(result.prompt.encode("utf-8"), not result.added_special, True)
         else:
             assert text is not None
@@ -366,6 +371,49 @@ class LlamaCppEngine:
             prompt=prompt.prompt,
             tokens=tuple(texts) if texts is not None else None,
         )
+
+
+_PREFLIGHT = """
+import ctypes, sys
+import llama_cpp
+from llama_cpp import _internals
+def say(level, text, data):
+    if level == 3:
+        sys.stderr.write(text.decode("utf-8", "replace"))
+callback = llama_cpp.llama_log_callback(say)  # kept referenced while llama.cpp may call it
+llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+params = llama_cpp.llama_model_default_params()
+params.n_gpu_layers = 0
+try:
+    _internals.LlamaModel(path_model=sys.argv[1], params=params, verbose=False)
+except Exception as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def _preflight(path: Path) -> None:
+    """Load the GGUF once in a child process first. llama.cpp answers some malformed files
+    by throwing a C++ exception nothing catches (e.g. a vocabulary without the byte tokens
+    it looks up: `std::out_of_range`), which aborts the whole process; in a child that is an
+    exit status gate can report in one line (exit 3) instead of dying with it. The model
+    file is memory-mapped, so this costs about a second (mostly importing llama_cpp)."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PREFLIGHT, str(path)], capture_output=True, text=True, timeout=600, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"llama.cpp did not finish loading {path} within 600 s (in a check process)") from None
+    if done.returncode == 0:
+        return
+    lines = [ln.strip() for ln in (done.stderr or "").splitlines() if ln.strip()]
+    what = next((ln for ln in reversed(lines) if "what()" in ln or "error" in ln.lower()), lines[-1] if lines else "")
+    names = {6: "it aborted (SIGABRT)", 11: "it crashed (SIGSEGV)"}
+    how = names.get(-done.returncode, f"signal {-done.returncode}") if done.returncode < 0 else "error"
+    raise EngineError(f"llama.cpp cannot load {path}: {how}{' (' + what + ')' if what else ''}")
 
 
 def _check_gguf_header(path: Path) -> None:

