@@ -17,8 +17,8 @@ from gate_cli import invoke
 from tiny_gguf import BOS_ID, TIE_HIGH, TIE_LOW, build_tie_gguf
 
 from gate.core.adjudicate import compare
+from gate.core.engine import PromptInput
 from gate.core.trace import PromptRecord, Trace, TraceHeader
-from gate.engines.base import PromptInput
 from gate.engines.llamacpp import LlamaCppEngine
 from gate.errors import EngineError, InputError
 
@@ -216,7 +216,7 @@ def test_the_default_gguf_tokenizes_every_pinned_prompt_as_the_pin(default_q4: L
     """llama.cpp's tokenizer and the GGUF's chat template give the pin's prompt ids (text
     and chat prompts), and the default pin was dequantised from this very file."""
     from gate.core.pins import load_pin
-    from gate.core.runner import check_prompt_ids
+    from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
 
     pin = load_pin(default_q4.model_id, Path(__file__).parent.parent / "oracle_pins")
     check_prompt_ids(default_q4, pin)

@@ -16,8 +16,8 @@ pytest.importorskip("onnxruntime_genai")
 from gate_cli import invoke
 
 from gate.core.adjudicate import compare
+from gate.core.engine import PromptInput
 from gate.core.trace import Trace, TraceHeader
-from gate.engines.base import PromptInput
 from gate.errors import InputError
 from gate.models.onnx import ONNX_MANIFEST, check_onnx_folder, onnx_model, write_manifest
 
@@ -186,7 +186,8 @@ def default_fp32() -> Iterator[object]:
 @pytest.mark.slow
 def test_the_default_build_tokenizes_every_pinned_prompt_as_the_pin(default_fp32: object) -> None:
     from gate.core.pins import load_pin
-    from gate.core.runner import check_prompt_ids, model_hashes
+    from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
+    from gate.workflows.provenance import model_hashes
 
     pin = load_pin(default_fp32.model_id, Path(__file__).parent.parent / "oracle_pins")  # type: ignore[attr-defined]
     check_prompt_ids(default_fp32, pin)  # type: ignore[arg-type]

@@ -50,10 +50,10 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
+from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.trace import PromptRecord
 from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, host_platform
 from gate.engines._logits import top_k_pairs
-from gate.engines.base import ForcedDecode, PromptInput, parse_options
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, find_gguf, read_manifest
 from gate.models.hashing import file_sha256

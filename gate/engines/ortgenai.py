@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import onnxruntime_genai as og
 
+from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.trace import PromptRecord
 from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, host_platform
 from gate.engines._logits import top_k_pairs
-from gate.engines.base import ForcedDecode, PromptInput, parse_options
 from gate.errors import InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
 from gate.models.onnx import PRECISIONS, onnx_model, read_onnx_manifest, source_hashes
