@@ -5,7 +5,10 @@ from __future__ import annotations
 import orjson
 
 from gate.core.adjudicate import GateResult
+from gate.reports.profile import divergence_profile
 
 
 def render_json(result: GateResult) -> str:
-    return orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2).decode("utf-8") + "\n"
+    # "divergence_profile" is beyond the spec's fixed keys (the spec allows added keys).
+    out = {**result.to_dict(), "divergence_profile": divergence_profile(result).to_dict()}
+    return orjson.dumps(out, option=orjson.OPT_INDENT_2).decode("utf-8") + "\n"

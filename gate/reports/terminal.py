@@ -34,6 +34,7 @@ from gate.reports._common import (
     verdict_line,
     why,
 )
+from gate.reports.profile import profile_lines
 from gate.reports.routing import flip_line
 from gate.reports.routing import summary_line as routing_line
 
@@ -102,6 +103,7 @@ def report_parts(
             parts.append(divergence_panel(d, prompts.get(d.prompt_id), result.doctrine.near_tie_mnats))
         if len(divs) > len(shown):
             parts.append(divergence_table(divs[len(shown) :], title=f"The other {len(divs) - len(shown)} divergences"))
+    parts.extend(Text(line) for line in profile_lines(result))
     if result.routing is not None:
         parts.append(Text(routing_line(result.routing), style="bold magenta"))
     parts.append(Text(result.summary, style="bold"))
