@@ -9,8 +9,9 @@ confidently wrong. This section answers, from the adjudicated divergences alone:
 - where: how far the prompts that diverge run token-exact first (their first divergence);
 - by how much: the oracle's own margin there (`top2_gap_mnats`: was the oracle itself
   nearly undecided?) and the candidate's cost in the oracle's eyes
-  (`oracle_minus_candidate_mnats`), in bands: bit-exact ties, near ties (≤ the doctrine's
-  threshold), up to 1 nat, beyond; and the candidate token's rank in the oracle's list.
+  (`oracle_minus_candidate_mnats`), in bands: exact and near ties as the verdict classed
+  them (the doctrine's mnats or grid steps), other gaps up to 1 nat, beyond; and the
+  candidate token's rank in the oracle's list.
 
 Pure: a `GateResult` in, a frozen record out; `profile_lines` renders it as plain text for
 the terminal and Markdown reports.
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.adjudicate import GateResult
+from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, GateResult
 
 NAT_MNATS = 1000.0
 
@@ -81,7 +82,6 @@ class DivergenceProfile:
 
 
 def divergence_profile(result: GateResult) -> DivergenceProfile:
-    near = result.doctrine.near_tie_mnats
     divs = result.divergences
     bands = dict.fromkeys(("exact_tie", "near_tie", "up_to_1_nat", "over_1_nat", "outside_top_k", "stopped"), 0)
     ranks = dict.fromkeys(("2", "3", "4+", "outside"), 0)
@@ -96,9 +96,10 @@ def divergence_profile(result: GateResult) -> DivergenceProfile:
             ranks["outside"] += 1
             continue
         costs.append(cost)
-        if cost == 0.0:
+        # Ties as the verdict counted them (the doctrine may ratify by grid steps too).
+        if d.cls == EXACT_TIE:
             bands["exact_tie"] += 1
-        elif cost <= near:
+        elif d.cls == NEAR_TIE:
             bands["near_tie"] += 1
         elif cost <= NAT_MNATS:
             bands["up_to_1_nat"] += 1
@@ -149,13 +150,15 @@ def profile_lines(result: GateResult) -> list[str]:
             f"90th percentile {_mn(m.p90)}, largest {_mn(m.max)}."
         )
     b = p.bands
+    ulps = result.doctrine.near_tie_ulps
+    grid = f" or {ulps:g} grid steps" if ulps is not None else ""
     cost = ""
     if p.cost_mnats is not None:
         c = p.cost_mnats
         cost = f"; median {_mn(c.median)} mnats, 90th percentile {_mn(c.p90)}, largest {_mn(c.max)}"
     lines.append(
-        f"By how much (oracle − candidate logprob): {b['exact_tie']} exact ties, {b['near_tie']} within "
-        f"{_mn(near)} mnats, {b['up_to_1_nat']} up to 1 nat, {b['over_1_nat']} over 1 nat, "
+        f"By how much (oracle − candidate logprob): {b['exact_tie']} exact ties, {b['near_tie']} near ties "
+        f"(≤ {_mn(near)} mnats{grid}), {b['up_to_1_nat']} other gaps up to 1 nat, {b['over_1_nat']} over 1 nat, "
         f"{b['outside_top_k']} outside the oracle's top-k"
         + (f", {b['stopped']} where the candidate stopped" if b["stopped"] else "")
         + cost
