@@ -192,6 +192,10 @@ class LlamaCppEngine:
             "n_batch": self.context_params.n_batch,
             "n_ubatch": self.context_params.n_ubatch,
             "n_ctx": self.context_params.n_ctx,
+            # KV cache element types (ggml_type: 0 f32, 1 f16, 8 q8_0) and flash attention
+            # (-1 auto, 0 off, 1 on): llama.cpp's defaults, recorded because they change numbers.
+            "kv_cache_types": [int(self.context_params.type_k), int(self.context_params.type_v)],
+            "flash_attn_type": int(self.context_params.flash_attn_type),
             "options": {k: v for k, v in self.options.items() if v is not None},
             "model": self.model_id,
             "gguf": str(self.gguf),
