@@ -25,8 +25,8 @@ greedy pick is llama.cpp's own, by one of its two greedy paths (`sampler`):
   each token would keep the logits, but llama.cpp 0.3.36's backend sampler then returns no
   token (tried; see docs/engines-on-device.md).
 
-Top-k logprobs: the float32 logits of the position (`llama_get_logits_ith`), float64
-log-softmax (`gate.engines._logits`). Teacher-forced decode: the same loop, feeding the
+Top-k logprobs: the float32 logits of the position (`llama_get_logits_ith`), log-softmax
+with a float64 subtraction (`gate.engines._logits`). Teacher-forced decode: the same loop, feeding the
 oracle's token instead of the pick, one decode call per token.
 
 Options (`--engine-opt key=value`): threads (decode threads; default 1),
@@ -186,7 +186,7 @@ class LlamaCppEngine:
             "system_info": system.decode("utf-8", errors="replace").strip() if isinstance(system, bytes) else system,
             "sampler": self.sampler_kind,
             "tie_break": SAMPLERS[self.sampler_kind],
-            "logprobs": "float64 log_softmax of llama.cpp's float32 logits",
+            "logprobs": "float64(logit) - logsumexp (float32 exp, float64 sum) over llama.cpp's float32 logits",
             "threads": self.context_params.n_threads,
             "threads_batch": self.context_params.n_threads_batch,
             "n_batch": self.context_params.n_batch,

@@ -8,7 +8,7 @@ Greedy decode is the runtime's own: `GeneratorParams.set_search_options(do_sampl
 then `generate_next_token()` picks the token (its CPU greedy search is
 `std::max_element` over the scores, which returns the first maximum: ties go to the lowest
 id, as in the oracle). Before each pick gate reads `get_logits()` (the float32 logits of
-the position) for the top-k list (`gate.engines._logits`: float64 log-softmax).
+the position) for the top-k list (`gate.engines._logits`: log-softmax with a float64 subtraction).
 
 Teacher-forced decode goes through the same generator: at each position the runtime picks
 its token (`generate_next_token`), gate records it, rewinds that one token
@@ -113,7 +113,7 @@ class OrtGenAIEngine:
             "execution_provider": "cpu",
             "threads": self.options["threads"] if self.options["threads"] is not None else "onnxruntime default",
             "greedy": "og.Generator do_sample=false (std::max_element: first maximum, lowest id)",
-            "logprobs": "float64 log_softmax of the runtime's float32 logits",
+            "logprobs": "float64(logit) - logsumexp (float32 exp, float64 sum) over the runtime's float32 logits",
             "options": {k: v for k, v in self.options.items() if v is not None},
             "model": self.model_id,
             "onnx_model_dir": str(self.folder),

@@ -140,8 +140,8 @@ def profile_lines(result: GateResult) -> list[str]:
     if p.first_divergence is not None:
         f = p.first_divergence
         lines.append(
-            f"Where: the {f.n} prompts that diverge run token-exact for {f.median:.0f} tokens (median; "
-            f"90th percentile {f.p90:.0f}, longest {f.max:.0f}) before their first divergence."
+            f"Where: the {f.n} prompts that diverge run token-exact for {f.median:g} tokens (median; "
+            f"90th percentile {f.p90:g}, longest {f.max:g}) before their first divergence."
         )
     if p.oracle_margin_mnats is not None:
         m = p.oracle_margin_mnats
