@@ -16,7 +16,11 @@ Model = Annotated[
 ]
 Engine = Annotated[
     str | None,
-    typer.Option("--engine", "-e", help="Engine: hf, vllm, openai, a plugin, or module:Class \\[default: hf]."),
+    typer.Option(
+        "--engine",
+        "-e",
+        help="Engine: hf, vllm, openai, llamacpp, ortgenai, a plugin, or module:Class \\[default: hf].",
+    ),
 ]
 EngineOpt = Annotated[
     list[str] | None,
