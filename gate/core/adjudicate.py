@@ -14,6 +14,7 @@ from typing import Any
 
 from gate.core.consistency import check_something_to_compare, header_warnings
 from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
+from gate.core.evidence import RunDrift, candidate_margin, flip_top, run_drift
 from gate.core.moe import RoutingFlip, RoutingSummary
 from gate.core.run_record import RunRecord
 from gate.core.trace import PromptRecord, TopList, Trace
@@ -68,6 +69,8 @@ class Divergence:
     gap_ulps: float | None = None
     ulp_mnats: float | None = None
     forced_mode: str | None = None
+    # The candidate's own margin for its token at the flip, in grid steps (evidence doctrine).
+    candidate_margin_ulps: float | None = None
     oracle_text: str | None = None
     candidate_text: str | None = None
     alternatives: tuple[tuple[int, float, str | None], ...] = ()
@@ -96,6 +99,8 @@ class Divergence:
             out["ulp_mnats"] = self.ulp_mnats
         if self.forced_mode is not None:
             out["forced_mode"] = self.forced_mode
+        if self.candidate_margin_ulps is not None:
+            out["candidate_margin_ulps"] = self.candidate_margin_ulps
         if self.oracle_text is not None:
             out["oracle_text"] = self.oracle_text
         if self.candidate_text is not None:
@@ -155,6 +160,8 @@ class GateResult:
     warnings: tuple[str, ...] = ()
     # MoE models whose oracle recorded its routing (gate.core.routing).
     routing: RoutingSummary | None = None
+    # The run's drift against the oracle (evidence doctrine only).
+    drift: RunDrift | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -208,6 +215,7 @@ class GateResult:
             # stays the same whether it was sharded, resumed or run at once).
             **({"meta": self.run.to_dict()} if self.run is not None and self.run.partial else {}),
             **({"routing": self.routing.to_dict()} if self.routing is not None else {}),
+            **({"drift": self.drift.to_dict()} if self.drift is not None else {}),
         }
 
 
@@ -299,8 +307,14 @@ def classify(
     candidate_token: int | None,
     doctrine: Doctrine,
     top_logit: float | None = None,
+    candidate_top: TopList | None = None,
+    drift: RunDrift | None = None,
 ) -> Divergence:
-    """Classify one position where the candidate took `candidate_token` and the oracle `oracle_token`."""
+    """Classify one position where the candidate took `candidate_token` and the oracle `oracle_token`.
+
+    `candidate_top` (the candidate's own top-k at this position) and `drift` (the run's) are
+    the evidence the doctrine's `evidence` rule weighs; without them it falls back to
+    `near_tie_ulps`."""
     lps = {int(t): float(lp) for t, lp in top}
     o_lp = lps[oracle_token]
     top2 = 1000.0 * (float(top[0][1]) - float(top[1][1])) if len(top) >= 2 else None
@@ -331,13 +345,23 @@ def classify(
     rank = 1 + sum(1 for t, lp in lps.items() if lp > c_lp or (lp == c_lp and t < candidate_token))
     # In nats straight from the logprobs: a round trip through mnats could add a rounding.
     gap_ulps = (o_lp - c_lp) / step if step is not None else None
+    ev = doctrine.evidence
+    margin = (
+        candidate_margin(candidate_top, oracle_token, candidate_token, step)
+        if ev is not None and step is not None
+        else None
+    )
     if c_lp == o_lp:
         cls = EXACT_TIE
         tie_break: str | None = "lower_id" if candidate_token < oracle_token else "higher_id"
     else:
         tie_break = None
         near = 0.0 < gap <= doctrine.near_tie_mnats
-        if not near and doctrine.near_tie_ulps is not None and step is not None:
+        if near or step is None or (drift is not None and drift.beyond):
+            pass  # a run drifting beyond the doctrine earns no allowance in grid steps
+        elif ev is not None and margin is not None:
+            near = _evidence_near(o_lp, c_lp, margin, step, ev.oracle_ulps, ev.candidate_ulps, candidate_top)
+        elif doctrine.near_tie_ulps is not None:
             near = 0.0 < o_lp - c_lp <= doctrine.near_tie_ulps * step + logprob_slack(o_lp, c_lp)
         cls = NEAR_TIE if near else DEFECT
     return Divergence(
@@ -349,7 +373,26 @@ def classify(
         tie_break=tie_break,
         candidate_logprob=c_lp,
         gap_ulps=gap_ulps,
+        candidate_margin_ulps=margin,
     )
+
+
+def _evidence_near(
+    o_lp: float,
+    c_lp: float,
+    margin: float,
+    step: float,
+    oracle_ulps: float,
+    candidate_ulps: float,
+    candidate_top: TopList | None,
+) -> bool:
+    """The evidence rule at one flip: the oracle's gap and the candidate's own margin both
+    within their limits (each up to one float32 rounding of its logprobs, as `logprob_slack`)."""
+    if not 0.0 < o_lp - c_lp <= oracle_ulps * step + logprob_slack(o_lp, c_lp):
+        return False
+    own = {int(t): float(lp) for t, lp in candidate_top or ()}
+    slack = logprob_slack(*own.values()) if own else 0.0
+    return margin * step <= candidate_ulps * step + slack
 
 
 # --------------------------------------------------------------------------- comparison
@@ -360,7 +403,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
     doctrine = doctrine or Doctrine()
     if oracle.role != "oracle":
         raise InputError(f"{oracle.path}: expected an oracle trace, found role {oracle.role!r}")
-    if doctrine.near_tie_ulps is not None:
+    if doctrine.near_tie_ulps is not None or doctrine.evidence is not None:
         doctrine = replace(doctrine, dtype=doctrine.dtype or oracle_dtype(oracle))
         grid_step(1.0, doctrine.dtype or DEFAULT_DTYPE)  # an unknown dtype is an input error here
     if candidate.role != "candidate":
@@ -378,10 +421,16 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
     check_something_to_compare(oracle, candidate)
     warnings = header_warnings(oracle, candidate)
 
+    drift = None
+    if doctrine.evidence is not None:
+        dtype = doctrine.dtype or DEFAULT_DTYPE
+        drift = run_drift(oracle, candidate, lambda v: grid_step(v, dtype), limit_ulps=doctrine.evidence.drift_ulps)
     prompts: list[PromptResult] = []
     divergences: list[Divergence] = []
     for o in oracle.records:
-        pr, divs = compare_prompt(o, cand[o.id], doctrine, oracle_path=oracle.path, candidate_path=candidate.path)
+        pr, divs = compare_prompt(
+            o, cand[o.id], doctrine, oracle_path=oracle.path, candidate_path=candidate.path, drift=drift
+        )
         prompts.append(pr)
         divergences.extend(divs)
     return GateResult(
@@ -392,6 +441,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         oracle_engine=str(oracle.header.engine.get("name", "")),
         candidate_engine=str(candidate.header.engine.get("name", "")),
         warnings=warnings,
+        drift=drift,
     )
 
 
@@ -420,6 +470,7 @@ def compare_prompt(
     *,
     oracle_path: str = "oracle",
     candidate_path: str = "candidate",
+    drift: RunDrift | None = None,
 ) -> tuple[PromptResult, list[Divergence]]:
     if c.prompt_token_ids != o.prompt_token_ids:
         j = next(
@@ -456,6 +507,12 @@ def compare_prompt(
             candidate_token=cand_token,
             doctrine=doctrine,
             top_logit=float(tl) if isinstance(tl, (int, float)) else None,
+            candidate_top=(
+                flip_top(c, i, source, n, candidate_path)
+                if doctrine.evidence is not None and cand_token is not None
+                else None
+            ),
+            drift=drift,
         )
         vocab = texts()
         alts = tuple((int(t), float(lp), vocab.get(int(t))) for t, lp in top[i][:ALTERNATIVES_SHOWN])

