@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gate.errors import InputError
@@ -93,6 +93,8 @@ class Doctrine:
     near_tie_ulps: float | None = None
     dtype: str | None = None
     evidence: Evidence | None = None
+    # Where this doctrine came from, for reports ("pin <path>", "command line", "default").
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.near_tie_mnats, (int, float)) or math.isnan(self.near_tie_mnats):
@@ -112,4 +114,71 @@ class Doctrine:
             out["evidence"] = self.evidence.to_dict()
         if self.near_tie_ulps is not None or self.evidence is not None:
             out["dtype"] = self.dtype or DEFAULT_DTYPE
+        if self.source:
+            out["source"] = self.source
         return out
+
+
+# --------------------------------------------------------------------------- a pin's own doctrine
+
+# The keys of a doctrine object as a pin carries it (oracle.json's `doctrine`, and the pin
+# trace header's `doctrine`, which travels with the pin trace wherever it is judged).
+PIN_DOCTRINE_KEYS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype")
+
+
+def check_pin_doctrine(raw: Any, where: str) -> dict[str, Any]:
+    """A pin's doctrine object, checked: numbers >= 0, an `evidence` object, a dtype name.
+    Returns it as a plain dict; anything else is an InputError naming `where` and the key."""
+    if not isinstance(raw, Mapping):
+        raise InputError(f"{where}: field 'doctrine': must be an object, found {raw!r}")
+    for key, v in raw.items():
+        if key not in PIN_DOCTRINE_KEYS:
+            raise InputError(f"{where}: field 'doctrine.{key}': unknown (known: {', '.join(PIN_DOCTRINE_KEYS)})")
+        if key == "evidence":
+            Evidence.from_dict(v, f"{where}: field 'doctrine'")
+        elif key == "dtype":
+            if not isinstance(v, str) or not v:
+                raise InputError(f"{where}: field 'doctrine.dtype': must be a dtype name, found {v!r}")
+        elif type(v) not in (int, float) or not 0 <= v < float("inf"):
+            raise InputError(f"{where}: field 'doctrine.{key}': must be a number >= 0, found {v!r}")
+    return dict(raw)
+
+
+def resolve_doctrine(
+    own: Mapping[str, Any] | None,
+    *,
+    strict: bool = False,
+    near_tie_mnats: float | None = None,
+    near_tie_ulps: float | None = None,
+    source: str = "",
+) -> Doctrine:
+    """The doctrine a judgement applies: the command line's thresholds when given (the
+    classic rule: fixed mnats, grid steps, no evidence), else the pin's own `own`, else the
+    defaults. `source` says where the pin's came from (for the report)."""
+    if near_tie_mnats is not None or near_tie_ulps is not None:
+        return Doctrine(
+            near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else float(near_tie_mnats),
+            strict=strict,
+            near_tie_ulps=None if near_tie_ulps is None else float(near_tie_ulps),
+            source="command line",
+        )
+    if not own:
+        return Doctrine(strict=strict, source="default")
+    ev = own.get("evidence")
+    ulps = own.get("near_tie_ulps")
+    dtype = own.get("dtype")
+    return Doctrine(
+        near_tie_mnats=float(own.get("near_tie_mnats", DEFAULT_NEAR_TIE_MNATS)),
+        strict=strict,
+        near_tie_ulps=None if ulps is None else float(ulps),
+        dtype=dtype if isinstance(dtype, str) else None,
+        evidence=Evidence.from_dict(ev, source or "doctrine") if ev is not None else None,
+        source=source or "pin",
+    )
+
+
+def header_doctrine(extra: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The doctrine an oracle trace's header carries (`doctrine`, an addition to trace v1),
+    checked; None when it carries none."""
+    raw = extra.get("doctrine")
+    return None if raw is None else check_pin_doctrine(raw, where)

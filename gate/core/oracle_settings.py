@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from gate.core.doctrine import check_pin_doctrine
 from gate.errors import InputError
 
 _INT_FIELDS = ("max_tokens", "top_k", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
@@ -34,9 +35,9 @@ class OracleSettings:
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     revision: str | None = None
     notes: str | None = None
-    # The pin's own doctrine (near_tie_mnats, near_tie_ulps), measured for this oracle and
+    # The pin's own doctrine (near_tie_mnats, near_tie_ulps, evidence), measured for this oracle and
     # its usual candidates; `gate run`'s flags override it.
-    doctrine: Mapping[str, float] = field(default_factory=dict)
+    doctrine: Mapping[str, Any] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Options for the oracle engine: the named settings, then `engine_options`.
@@ -108,17 +109,8 @@ def _check_settings(s: OracleSettings, where: str) -> None:
         raise InputError(f"{where}: field 'max_model_len': must be an integer >= 1 or null, found {s.max_model_len!r}")
 
 
-DOCTRINE_KEYS = ("near_tie_mnats", "near_tie_ulps")
-
-
 def _check_doctrine(name: str, value: Any) -> None:
-    if not isinstance(value, dict):
-        raise InputError(f"{name}: field 'doctrine': must be an object, found {value!r}")
-    for key, v in value.items():
-        if key not in DOCTRINE_KEYS:
-            raise InputError(f"{name}: field 'doctrine.{key}': unknown (known: {', '.join(DOCTRINE_KEYS)})")
-        if type(v) not in (int, float) or not 0 <= v < float("inf"):
-            raise InputError(f"{name}: field 'doctrine.{key}': must be a number >= 0, found {v!r}")
+    check_pin_doctrine(value, name)
 
 
 def read_settings(path: Path) -> OracleSettings:

@@ -290,6 +290,10 @@ def oracle_header(
             "seed": info.get("seed", (info.get("options") or {}).get("seed")),
         },
         "oracle": settings.to_dict(),
+        # The doctrine travels with the pin trace: every command that judges against it
+        # (`gate compare PIN CANDIDATE` included) applies it unless flags override.
+        "doctrine": dict(settings.doctrine) if settings.doctrine else None,
+        "hardware": info.get("hardware"),
         "suite_sha256": suite.sha256,
         "prompt_sha256": suite.prompt_hashes(),
         "created_at": created_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -49,6 +49,7 @@ from gate.engines._common import (
     sort_top,
 )
 from gate.engines._common import stop_token_ids as _stop_token_ids
+from gate.engines._machine import host_machine
 from gate.engines.hf_routing import SOFTMAX, RouterHooks, find_routers
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
@@ -159,6 +160,7 @@ class HFEngine(TokenizerMethods):
             "architecture": type(self.model).__name__,
             **host_platform(),
             **({"moe": self._moe_info()} if self.router_hooks is not None else {}),
+            "machine": host_machine(self.device.type, self.device.index),
         }
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:

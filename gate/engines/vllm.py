@@ -73,6 +73,7 @@ from gate.engines._common import (
     host_platform,
     sort_top,
 )
+from gate.engines._machine import host_machine
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -260,6 +261,7 @@ class VLLMEngine(TokenizerMethods):
             "model_path": self.model_path,
             **host_platform(),
             **({"moe": dict(self.moe)} if self.moe is not None else {}),
+            "machine": host_machine(str(current_platform.device_type)),
         }
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:

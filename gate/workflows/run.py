@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.adjudicate import GateResult, compare
-from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
+from gate.core.doctrine import Doctrine, header_doctrine, resolve_doctrine
 from gate.core.engine import Engine, PromptInput
 from gate.core.pins import Pin
 from gate.core.routing import attribute_routing, oracle_routing
@@ -115,12 +115,20 @@ def prompt_inputs(pin: Pin) -> list[PromptInput]:
 def doctrine_for(
     pin: Pin, *, strict: bool = False, near_tie_mnats: float | None = None, near_tie_ulps: float | None = None
 ) -> Doctrine:
-    """The doctrine a run applies: the command line's thresholds, else the pin's own
-    (oracle.json `doctrine`), else the defaults."""
-    own = pin.settings.doctrine
-    mnats = near_tie_mnats if near_tie_mnats is not None else own.get("near_tie_mnats", DEFAULT_NEAR_TIE_MNATS)
-    ulps = near_tie_ulps if near_tie_ulps is not None else own.get("near_tie_ulps")
-    return Doctrine(near_tie_mnats=float(mnats), strict=strict, near_tie_ulps=None if ulps is None else float(ulps))
+    """The doctrine a judgement against `pin` applies: the command line's thresholds, else
+    the pin's own (the pin trace header's `doctrine`, which travels with the trace, else
+    oracle.json's), else the defaults."""
+    where = str(pin.folder.pin_path)
+    own = header_doctrine(pin.trace.header.extra, where)
+    if own is None and pin.settings.doctrine:
+        own, where = dict(pin.settings.doctrine), str(pin.folder.settings_path)
+    return resolve_doctrine(
+        own,
+        strict=strict,
+        near_tie_mnats=near_tie_mnats,
+        near_tie_ulps=near_tie_ulps,
+        source=f"the pin's ({where})",
+    )
 
 
 # --------------------------------------------------------------------------- the pipeline's steps

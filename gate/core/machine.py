@@ -1,0 +1,73 @@
+"""Which machine a trace was made on, and whether two traces were made on the same kind.
+
+Engines record `info()["machine"]` (`gate.engines._common.host_machine`): the CPU model,
+the instruction set torch's CPU kernels actually dispatched to
+(`torch.backends.cpu.get_cpu_capability()`), or the GPU's name and compute capability,
+the torch version and the thread count. Pins, goldens, candidate traces and reports
+carry it.
+
+The *machine key* is what decides whether two runs should agree bit for bit: the device
+type and, on a CPU, the kernel ISA torch used ("cpu:AVX512"), on a GPU its compute
+capability ("cuda:9.0") — the way transformers keys its integration expectations
+(`testing_utils.Expectations`, by device type and capability). Two runs on the same key
+with the same software give the same numbers; across keys honest numbers move by a few
+grid steps, which the doctrine judges. Pure: no torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Where a trace header keeps the machine: `engine.machine` (an engine's info), else a
+# top-level `machine` (pins and goldens copy it there too).
+MACHINE_KEY = "machine"
+UNKNOWN = "unknown"
+
+
+def machine_of(header_engine: Mapping[str, Any], header_extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The machine record of a trace header (engine info first), or {} when it has none."""
+    for source in (header_engine, header_extra or {}):
+        value = source.get(MACHINE_KEY)
+        if isinstance(value, Mapping):
+            return dict(value)
+    return {}
+
+
+def machine_key(machine: Mapping[str, Any]) -> str:
+    """ "cpu:AVX512", "cuda:9.0", or "unknown" for a record without the fields."""
+    device = str(machine.get("device_type") or "")
+    if not device:
+        return UNKNOWN
+    if device == "cpu":
+        isa = machine.get("torch_cpu_capability")
+        return f"cpu:{isa}" if isa else UNKNOWN
+    cap = machine.get("compute_capability")
+    return f"{device}:{cap}" if cap else f"{device}:{machine.get('device_name') or UNKNOWN}"
+
+
+def describe(machine: Mapping[str, Any]) -> str:
+    """One line for reports: `AMD EPYC (torch CPU kernels AVX512), torch 2.13.0+cpu, 1 thread`."""
+    if not machine:
+        return "an unrecorded machine"
+    device = machine.get("device_type")
+    if device == "cpu":
+        what = f"{machine.get('cpu_model') or 'a CPU'} (torch CPU kernels {machine.get('torch_cpu_capability')})"
+    else:
+        what = f"{machine.get('device_name') or device} (compute capability {machine.get('compute_capability')})"
+    parts = [what]
+    if machine.get("torch"):
+        parts.append(f"torch {machine['torch']}")
+    threads = machine.get("threads")
+    if isinstance(threads, int):
+        parts.append(f"{threads} thread{'s' if threads != 1 else ''}")
+    return ", ".join(parts)
+
+
+def same_machine(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool | None:
+    """True or False when both records name their key; None when either does not (an old
+    trace): the caller then cannot tell, and says so."""
+    ka, kb = machine_key(a), machine_key(b)
+    if UNKNOWN in (ka, kb):
+        return None
+    return ka == kb
