@@ -270,3 +270,84 @@ def test_evidence_from_a_pin_checks_its_keys_and_values() -> None:
         Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1, "drift_ulps": -1})
     with pytest.raises(InputError, match="oracle_ulps"):
         Evidence.from_dict({"oracle_ulps": "3", "candidate_ulps": 1, "drift_ulps": 2})
+
+
+# --------------------------------------------------------------------------- the doctrine travels with the pin
+
+
+def _pin_files(tmp: Any, doctrine: Any) -> tuple[str, str]:
+    """An oracle trace whose header carries `doctrine`, and a candidate flipping at a gap of
+    exactly 2 bf16 steps (250 mnats) with its own margin of half a step."""
+    import orjson
+
+    tops = [honest_position(i) for i in range(4)]
+    o = oracle_rec("p", tops)
+    ctops = [list(t) for t in tops]
+    ids = list(o.token_ids)
+    ids[3] = 503
+    ctops[3] = top((503, -0.25), (103, -0.25 - 0.5 * STEP), (903, -3.0))
+    head = {"gate_trace": 1, "role": "oracle", "model": "m", "top_k": 3, "engine": {"name": "o", "version": "1"}}
+    if doctrine is not None:
+        head["doctrine"] = doctrine
+    op, cp = tmp / "pin.jsonl", tmp / "cand.jsonl"
+    op.write_bytes(orjson.dumps(head) + b"\n" + orjson.dumps(o.to_dict()) + b"\n")
+    ch = {**head, "role": "candidate"}
+    ch.pop("doctrine", None)
+    c = cand_rec("p", ids, ctops)
+    cp.write_bytes(orjson.dumps(ch) + b"\n" + orjson.dumps(c.to_dict()) + b"\n")
+    return str(op), str(cp)
+
+
+def test_gate_compare_applies_the_doctrine_the_pin_trace_carries(tmp_path: Any) -> None:
+    import json
+
+    from gate_cli import invoke
+
+    o, c = _pin_files(tmp_path, {"near_tie_ulps": 2})
+    r = invoke(["compare", o, c, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["counts"]["near_ties"] == 1 and report["doctrine"]["near_tie_ulps"] == 2.0
+    assert report["doctrine_source"] == f"the pin's ({o})"
+    # Flags override the pin's doctrine: the same 250-mnat flip is a defect at 125 mnats.
+    r = invoke(["compare", o, c, "--format", "json", "--near-tie-mnats", "125"])
+    assert r.exit_code == 1, r.output
+    assert json.loads(r.stdout)["doctrine_source"] == "command line"
+    # Without a doctrine in the header: the defaults (125 mnats), as before.
+    o, c = _pin_files(tmp_path, None)
+    r = invoke(["compare", o, c, "--format", "json"])
+    assert r.exit_code == 1, r.output
+    assert "doctrine_source" not in json.loads(r.stdout)
+
+
+def test_gate_compare_weighs_the_evidence_when_the_pin_says_so(tmp_path: Any) -> None:
+    import json
+
+    from gate_cli import invoke
+
+    ev = {"oracle_ulps": 3, "candidate_ulps": 0.25, "drift_ulps": 2}
+    o, c = _pin_files(tmp_path, {"near_tie_ulps": 2, "evidence": ev})
+    r = invoke(["compare", o, c, "--format", "json"])
+    # The candidate takes its token by half a step, beyond the 0.25 the doctrine allows.
+    assert r.exit_code == 1, r.output
+    d = json.loads(r.stdout)["divergences"][0]
+    assert d["class"] == "defect" and d["candidate_margin_ulps"] == 0.5
+    o, c = _pin_files(tmp_path, {"near_tie_ulps": 2, "evidence": {**ev, "candidate_ulps": 0.5}})
+    assert invoke(["compare", o, c]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("doctrine", "message"),
+    [
+        ({"near_tie_ulps": -1}, "field 'doctrine.near_tie_ulps': must be a number >= 0"),
+        ({"grid": 2}, "field 'doctrine.grid': unknown"),
+        ({"evidence": {"oracle_ulps": 3}}, "missing candidate_ulps, drift_ulps"),
+    ],
+)
+def test_a_bad_doctrine_in_the_pin_header_is_an_input_error(tmp_path: Any, doctrine: Any, message: str) -> None:
+    from gate_cli import invoke
+
+    o, c = _pin_files(tmp_path, doctrine)
+    r = invoke(["compare", o, c])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and "pin.jsonl" in r.stderr

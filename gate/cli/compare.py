@@ -23,19 +23,22 @@ def compare_files(
 ) -> int:
     from gate.cli.output import emit, refuse_overwrite
     from gate.core.adjudicate import compare
-    from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
+    from gate.core.doctrine import header_doctrine, resolve_doctrine
     from gate.core.trace import read_trace
     from gate.reports import check_format
 
     fmt = check_format("GateResult", fmt)
     refuse_overwrite(force, (output, "--output"))
-    doctrine = Doctrine(
-        near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
-        strict=strict,
-        near_tie_ulps=near_tie_ulps,
-    )
     o = read_trace(oracle, role="oracle")
     c = read_trace(candidate, role="candidate")
+    # The doctrine a pin carries in its header travels with it: the same verdict as `gate run`.
+    doctrine = resolve_doctrine(
+        header_doctrine(o.header.extra, str(oracle)),
+        strict=strict,
+        near_tie_mnats=near_tie_mnats,
+        near_tie_ulps=near_tie_ulps,
+        source=f"the pin's ({oracle})",
+    )
     from gate.core.routing import attribute_routing
 
     result = attribute_routing(compare(o, c, doctrine), o, c)
@@ -48,9 +51,7 @@ def register(app: typer.Typer) -> None:
     def compare_cmd(
         oracle: Annotated[Path, typer.Argument(help="Oracle trace (JSON Lines, format v1).")],
         candidate: Annotated[Path, typer.Argument(help="Candidate trace (JSON Lines, format v1).")],
-        near_tie_mnats: Annotated[
-            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats (default: 125).")
-        ] = None,
+        near_tie_mnats: options.NearTieMnats = None,
         near_tie_ulps: options.NearTieUlps = None,
         strict: options.Strict = False,
         fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown, junit or html.")] = "rich",

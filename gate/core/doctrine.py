@@ -114,8 +114,6 @@ class Doctrine:
             out["evidence"] = self.evidence.to_dict()
         if self.near_tie_ulps is not None or self.evidence is not None:
             out["dtype"] = self.dtype or DEFAULT_DTYPE
-        if self.source:
-            out["source"] = self.source
         return out
 
 
@@ -163,7 +161,7 @@ def resolve_doctrine(
             source="command line",
         )
     if not own:
-        return Doctrine(strict=strict, source="default")
+        return Doctrine(strict=strict)
     ev = own.get("evidence")
     ulps = own.get("near_tie_ulps")
     dtype = own.get("dtype")

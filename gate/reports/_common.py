@@ -159,10 +159,34 @@ def verdict_line(result: GateResult) -> str:
 def doctrine_line(result: GateResult) -> str:
     d = result.doctrine
     parts = [f"near ties up to {fmt_mnats(d.near_tie_mnats)} mnats"]
-    if d.near_tie_ulps is not None:
-        parts.append(f"or {d.near_tie_ulps:g} {d.dtype or 'bfloat16'} grid steps")
+    grid = f"{d.dtype or 'bfloat16'} grid steps"
+    if d.evidence is not None:
+        e = d.evidence
+        parts.append(
+            f"or, weighing the candidate's evidence, an oracle gap up to {e.oracle_ulps:g} {grid} with the "
+            f"candidate's own margin up to {e.candidate_ulps:g} and the run's drift up to {e.drift_ulps:g}"
+        )
+        if d.near_tie_ulps is not None:
+            parts.append(f"without evidence {d.near_tie_ulps:g} {grid}")
+    elif d.near_tie_ulps is not None:
+        parts.append(f"or {d.near_tie_ulps:g} {grid}")
     parts.append("strict" if d.strict else "ratified passes allowed")
-    return "doctrine: " + ", ".join(parts)
+    line = "doctrine: " + ", ".join(parts)
+    return line + (f" ({d.source})" if d.source else "")
+
+
+def drift_line(result: GateResult) -> str | None:
+    """The run's drift (evidence doctrine), loud when it is beyond the doctrine's limit."""
+    drift = result.drift
+    if drift is None:
+        return None
+    line = drift.line()
+    if drift.beyond:
+        line += (
+            " — FAR BEYOND HONEST DRIFT: this candidate moves the oracle's top two apart by more than honest "
+            "engines do across machines; every flip beyond the fixed mnats is a defect"
+        )
+    return line
 
 
 def provenance_line(result: GateResult) -> str:

@@ -14,6 +14,7 @@ from gate.reports._common import (
     by_prompt,
     class_counts,
     doctrine_line,
+    drift_line,
     fmt_logprob,
     fmt_mnats,
     for_humans,
@@ -62,6 +63,9 @@ def render_markdown(result: GateResult) -> str:
         "",
         *(f"> ⚠️ warning: {cell(w)}\n" for w in result.warnings),
     ]
+    drift = drift_line(result)
+    if drift is not None:
+        lines += [f"**{cell(drift)}**" if result.drift and result.drift.beyond else cell(drift), ""]
     lines += _prompt_table(result)
     if result.divergences:
         lines += _divergence_table(result)

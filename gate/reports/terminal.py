@@ -21,6 +21,7 @@ from gate.reports._common import (
     by_prompt,
     class_counts,
     doctrine_line,
+    drift_line,
     fmt_logprob,
     fmt_mnats,
     fmt_ulps,
@@ -86,6 +87,9 @@ def report_parts(
     parts.append(head)
     parts.extend(Text(f"warning: {w}", style="bold yellow") for w in result.warnings)
     parts.append(Text(doctrine_line(result), style="dim"))
+    drift = drift_line(result)
+    if drift is not None:
+        parts.append(Text(drift, style="bold red" if result.drift and result.drift.beyond else "dim"))
     parts.append(prompt_table(result, max_rows=max_prompt_rows))
     divs = list(result.divergences)
     if divs:
