@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, NEAR_TIE, classify, compare
+from gate.core.adjudicate import DEFECT, EXACT_TIE, NEAR_TIE, classify, compare, grid_step
 from gate.core.doctrine import Doctrine, Evidence
 from gate.core.evidence import (
     FORCED_TOP_KEY,
@@ -23,7 +23,6 @@ from gate.core.evidence import (
     summarise,
     swing,
 )
-from gate.core.adjudicate import grid_step
 from gate.core.trace import PromptRecord, Trace, TraceHeader
 from gate.errors import InputError
 

@@ -11,8 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, classify
-from gate.core.doctrine import Doctrine
+from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, classify, grid_step
+from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
+from gate.core.evidence import RunDrift, candidate_margin
+from gate.core.machine import machine_key, same_machine
 from gate.core.trace import PromptRecord, Trace
 from gate.errors import InputError
 
@@ -122,8 +124,16 @@ def judge_move(
     oracle: PromptRecord | None,
     doctrine: Doctrine,
     position: int,
+    *,
+    other_machine: bool = False,
+    drift: RunDrift | None = None,
 ) -> GoldenMove:
-    """Judge the first moved position of one prompt against the oracle's record."""
+    """Judge the first moved position of one prompt against the oracle's record.
+
+    On another machine (`other_machine`) with the evidence doctrine, a move the oracle has
+    no evidence on (the golden had left its path, or a token is outside its top-k) is
+    judged by the new run's own logprobs: within the doctrine's candidate margin it is a
+    near-tie flip of this machine's numbers, not a real change."""
     g, c = golden.token_ids, candidate.token_ids
     old, new = _at(g, position), _at(c, position)
     span = max(len(g), len(c))
@@ -145,6 +155,9 @@ def judge_move(
     )
 
     def real(reason: str, **kw: Any) -> GoldenMove:
+        own = _own_near_tie(candidate, position, old, new, doctrine, drift) if other_machine else None
+        if own is not None:
+            return replace(base, cause=NEAR_TIE_FLIP, reason=f"{reason}; {own}", **kw)
         return _noted(replace(base, cause=REAL_CHANGE, reason=reason, **kw))
 
     if oracle is None:
@@ -174,7 +187,8 @@ def judge_move(
     old_lp, new_lp = lps.get(old), lps.get(new)
     ctx["old_logprob"], ctx["new_logprob"] = old_lp, new_lp
     old_cls = _class_against_oracle(oracle, position, old, doctrine)
-    new_cls = _class_against_oracle(oracle, position, new, doctrine)
+    new_top = candidate.top_logprobs[position] if candidate.top_logprobs is not None else None
+    new_cls = _class_against_oracle(oracle, position, new, doctrine, candidate_top=new_top, drift=drift)
     ctx["old_class"], ctx["new_class"] = old_cls, new_cls
     if old_lp is None or new_lp is None:
         outside = [
@@ -248,7 +262,42 @@ def _mnats(x: float) -> str:
     return short if float(short) == x else repr(x)
 
 
-def _class_against_oracle(oracle: PromptRecord, position: int, token: int | None, doctrine: Doctrine) -> str | None:
+def _own_near_tie(
+    candidate: PromptRecord,
+    position: int,
+    old: int | None,
+    new: int | None,
+    doctrine: Doctrine,
+    drift: RunDrift | None,
+) -> str | None:
+    """Why a move is a near tie by the new run's own evidence (another machine, evidence
+    doctrine), or None: it took `new` over `old` by at most the doctrine's candidate margin
+    in grid steps at its own top logit, in a run whose drift is within the doctrine."""
+    ev = doctrine.evidence
+    top, logits = candidate.top_logprobs, candidate.extra.get("token_logits")
+    if ev is None or old is None or new is None or top is None or (drift is not None and drift.beyond):
+        return None
+    if not isinstance(logits, list) or position >= len(logits) or not isinstance(logits[position], (int, float)):
+        return None
+    step = grid_step(float(logits[position]), doctrine.dtype or DEFAULT_DTYPE)
+    margin = candidate_margin(top[position], old, new, step) if position < len(top) else None
+    if margin is None or margin > ev.candidate_ulps:
+        return None
+    return (
+        f"on this machine the new run holds {new} only {margin:.2f} grid steps above {old} (its own logprobs; "
+        f"the doctrine allows {ev.candidate_ulps:g}): a near tie of this machine's numbers"
+    )
+
+
+def _class_against_oracle(
+    oracle: PromptRecord,
+    position: int,
+    token: int | None,
+    doctrine: Doctrine,
+    *,
+    candidate_top: Any = None,
+    drift: RunDrift | None = None,
+) -> str | None:
     """The oracle's own token is a "match"; any other gets the class of taking it there."""
     if token is None or oracle.top_logprobs is None:
         return None
@@ -268,6 +317,8 @@ def _class_against_oracle(oracle: PromptRecord, position: int, token: int | None
         candidate_token=token,
         doctrine=doctrine,
         top_logit=top_logit,
+        candidate_top=candidate_top,
+        drift=drift,
     )
     return d.cls
 
@@ -283,8 +334,17 @@ def _own_gap(candidate: PromptRecord, position: int, old: int | None, new: int |
     return 1000.0 * (lps[new] - lps[old])
 
 
-def find_moves(golden: Trace, candidate: Trace, oracle: Trace, doctrine: Doctrine) -> tuple[GoldenMove, ...]:
-    """Every prompt of the golden whose tokens moved in `candidate`, in the golden's order."""
+def find_moves(
+    golden: Trace,
+    candidate: Trace,
+    oracle: Trace,
+    doctrine: Doctrine,
+    *,
+    other_machine: bool = False,
+    drift: RunDrift | None = None,
+) -> tuple[GoldenMove, ...]:
+    """Every prompt of the golden whose tokens moved in `candidate`, in the golden's order
+    (`other_machine`, `drift`: see `judge_move`)."""
     cand = candidate.by_id()
     pinned = oracle.by_id()
     missing = [r.id for r in golden.records if r.id not in cand]
@@ -295,7 +355,7 @@ def find_moves(golden: Trace, candidate: Trace, oracle: Trace, doctrine: Doctrin
         c = cand[g.id]
         p = first_move(g.token_ids, c.token_ids)
         if p is not None:
-            moves.append(judge_move(g, c, pinned.get(g.id), doctrine, p))
+            moves.append(judge_move(g, c, pinned.get(g.id), doctrine, p, other_machine=other_machine, drift=drift))
     return tuple(moves)
 
 
@@ -323,20 +383,39 @@ class GoldensResult:
     accepted: str | None = None
     backup: str | None = None
     notes: tuple[str, ...] = ()
+    # Where the golden was recorded and where it was checked (`gate.core.machine`).
+    golden_machine: Mapping[str, Any] = field(default_factory=dict)
+    machine: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def moved(self) -> bool:
         return bool(self.moves)
 
     @property
+    def other_machine(self) -> bool:
+        """Checked on a machine whose key differs from the golden's (unknown: not other)."""
+        return same_machine(self.golden_machine, self.machine) is False
+
+    @property
+    def ratified_elsewhere(self) -> bool:
+        """Moved, on another machine, and every move is a tie-break or near-tie flip."""
+        return bool(self.moves) and self.other_machine and all(m.cause != REAL_CHANGE for m in self.moves)
+
+    @property
     def verdict(self) -> str:
         if not self.moves:
             return "unchanged"
-        return "accepted" if self.accepted else "moved"
+        if self.accepted:
+            return "accepted"
+        return "moved_within_doctrine" if self.ratified_elsewhere else "moved"
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.moves and not self.accepted else 0
+        """0 unchanged or accepted; on another machine, 0 when every move is within the
+        doctrine (honest numbers move across machines); on the same machine any move is 1."""
+        if not self.moves or self.accepted or self.ratified_elsewhere:
+            return 0
+        return 1
 
     @property
     def counts(self) -> dict[str, int]:
@@ -376,6 +455,10 @@ class GoldensResult:
             "accepted": self.accepted,
             "backup": self.backup,
             "notes": list(self.notes),
+            "golden_machine": dict(self.golden_machine),
+            "machine": dict(self.machine),
+            "machine_keys": {"golden": machine_key(self.golden_machine), "now": machine_key(self.machine)},
+            "other_machine": self.other_machine,
         }
 
 
@@ -396,6 +479,16 @@ def goldens_summary(result: GoldensResult) -> str:
     )
     if result.accepted:
         line += f"; accepted: {result.accepted} rewritten"
+    elif result.ratified_elsewhere:
+        line += (
+            f"; moved on another machine (golden {machine_key(result.golden_machine)}, "
+            f"now {machine_key(result.machine)}), within the doctrine"
+        )
+    elif result.other_machine:
+        line += (
+            f"; on another machine (golden {machine_key(result.golden_machine)}, now "
+            f"{machine_key(result.machine)}), but not every move is within the doctrine"
+        )
     return line
 
 

@@ -172,6 +172,8 @@ def golden_header(
         "engine_options": dict(options),
         "device": info.get("device"),
         "dtype": info.get("dtype"),
+        # Where it was recorded: a golden reproduces bit for bit only on the same machine key.
+        "hardware": info.get("hardware"),
         **dict(hashes or {}),
         "gate_version": __version__,
         **dict(git if git is not None else project_commit()),
