@@ -28,8 +28,9 @@ def record_pin(
 ) -> int:
     from gate.cli.common import parse_engine_opts
     from gate.cli.output import refuse_overwrite, say
+    from gate.core.doctrine import header_doctrine, resolve_doctrine
     from gate.core.oracle_settings import read_settings
-    from gate.core.pin_diff import diff_pins, exact_top2_ties
+    from gate.core.pin_diff import diff_pins, exact_top2_ties, rerecord_lines
     from gate.core.pins import SUITE_FILE, folder_for_writing, write_pin
     from gate.core.suite import read_suite
     from gate.core.trace import read_trace
@@ -77,6 +78,8 @@ def record_pin(
         )
     if old is not None:
         say(*diff_pins(old, trace).lines())
+        own = header_doctrine(old.header.extra, str(folder.pin_path)) or dict(settings.doctrine)
+        say(*rerecord_lines(old, trace, resolve_doctrine(own)))
     done = write_pin(folder, suite, settings, trace, force=force)
     for kept in done.backups:
         say(f"kept the old {kept.name.split('.bak-')[0]} as {kept}")

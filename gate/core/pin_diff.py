@@ -5,9 +5,11 @@ words it for `gate pin record`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from gate.core.doctrine import Doctrine
+from gate.core.machine import machine_key, machine_of, same_machine
 from gate.core.trace import Trace
 
 
@@ -112,6 +114,31 @@ def diff_pins(old: Trace, new: Trace) -> PinDiff:
         if move.prompt_changed or first is not None or lps:
             moved.append(move)
     return PinDiff(added=added, removed=removed, moved=tuple(moved), prompts=len(new_by))
+
+
+def rerecord_lines(old: Trace, new: Trace, doctrine: Doctrine) -> list[str]:
+    """What a re-recorded pin means: where each was recorded (`gate.core.machine`) and,
+    where the tokens moved, the new pin judged as a candidate of the old one by `doctrine`
+    (on another machine the oracle's own numbers move; the doctrine says by how much)."""
+    from gate.core.adjudicate import compare
+
+    old_m = machine_of(old.header.engine, old.header.extra)
+    new_m = machine_of(new.header.engine, new.header.extra)
+    same = same_machine(old_m, new_m)
+    where = f"recorded on {machine_key(new_m)}; the old pin on {machine_key(old_m)}" + (
+        " (the same machine key)" if same else " (another machine)" if same is False else ""
+    )
+    out = [where]
+    if {r.id for r in old.records} != {r.id for r in new.records} or any(
+        a.prompt_token_ids != b.prompt_token_ids for a, b in zip(old.records, new.records, strict=False)
+    ):
+        return out
+    as_candidate = replace(new, header=replace(new.header, role="candidate"))
+    result = compare(old, as_candidate, doctrine)
+    if result.verdict == "strict_pass":
+        return out
+    out.append(f"the new pin as a candidate of the old one, by the doctrine ({result.verdict}): {result.summary}")
+    return out
 
 
 def _top_list(top: Iterable[Sequence[Any]]) -> list[tuple[int, float]]:
