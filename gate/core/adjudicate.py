@@ -7,14 +7,15 @@ class, the tie-break direction, the counts and the verdict.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gate.core.consistency import check_something_to_compare, header_warnings
 from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
-from gate.core.evidence import RunDrift, candidate_margin, flip_top, run_drift
+from gate.core.evidence import RunDrift, candidate_margin, evidence_near, flip_top, run_drift
+from gate.core.grid import MAX_GRID_LOGIT as MAX_GRID_LOGIT
+from gate.core.grid import grid_step, logprob_slack
 from gate.core.moe import RoutingFlip, RoutingSummary
 from gate.core.run_record import RunRecord
 from gate.core.trace import PromptRecord, TopList, Trace
@@ -239,62 +240,6 @@ def summary_line(result: GateResult) -> str:
     )
 
 
-# --------------------------------------------------------------------------- grid
-
-
-# dtype -> (stored mantissa bits, exponent of the smallest normal number).
-_GRIDS: dict[str, tuple[int, int]] = {
-    "bfloat16": (7, -126),
-    "bf16": (7, -126),
-    "float16": (10, -14),
-    "fp16": (10, -14),
-    "half": (10, -14),
-    "float32": (23, -126),
-    "fp32": (23, -126),
-    "float": (23, -126),
-}
-
-
-# The widest grid step the ULP doctrine takes: that of |logit| in [64, 128) (bf16 0.5 nats,
-# fp16 2**-4, fp32 2**-17). Logits are shift-invariant, so nothing in the logprobs can prove
-# a recorded logit false; this cap bounds what a tampered (or unusual) one can ratify. A
-# model whose top logit really is >= 128 gets a step under-estimated: stricter, never laxer.
-MAX_GRID_LOGIT = 128.0
-_MAX_GRID_EXP = 6  # frexp exponent - 1 of the binade [64, 128)
-
-
-def grid_step(value: float, dtype: str = "bfloat16") -> float:
-    """One step (ULP) of `dtype`'s grid at |value|, in nats.
-
-    bf16 keeps 8 significant bits: at |logit| in [16, 32) a step is 2**-3 = 0.125 nats, and
-    a power of two belongs to the binade above it (16.0 has the step of [16, 32)). Below the
-    smallest normal number (and for a value that is not finite) the step stays that of the
-    subnormals; at |value| >= MAX_GRID_LOGIT it is that of [64, 128).
-    """
-    grid = _GRIDS.get(dtype.removeprefix("torch."))
-    if grid is None:
-        raise InputError(f"unknown dtype {dtype!r} for the ULP doctrine (bfloat16, float16, float32)")
-    bits, emin = grid
-    mag = abs(value)
-    if mag == 0.0 or not math.isfinite(mag):
-        return 2.0 ** (emin - bits)
-    if mag >= MAX_GRID_LOGIT:
-        return 2.0 ** (_MAX_GRID_EXP - bits)
-    _, exp = math.frexp(mag)  # mag = m * 2**exp with m in [0.5, 1)
-    return 2.0 ** (max(exp - 1, emin) - bits)
-
-
-def logprob_slack(*logprobs: float) -> float:
-    """How far float32 rounding can move a difference of these logprobs, in nats.
-
-    Engines compute logprobs in float32 as `logit - logsumexp`: the logsumexp is shared and
-    cancels in a gap, but each logprob is rounded once, by up to half a float32 step at its
-    size. A gap of exactly N grid steps between two logits can therefore read as N steps
-    plus or minus one float32 step; the ULP doctrine allows that much and no more.
-    """
-    return grid_step(max(abs(lp) for lp in logprobs), "float32")
-
-
 # --------------------------------------------------------------------------- classification
 
 
@@ -361,7 +306,7 @@ def classify(
         if near or step is None or (drift is not None and drift.beyond):
             pass  # a run drifting beyond the doctrine earns no allowance in grid steps
         elif ev is not None and margin is not None:
-            near = _evidence_near(o_lp, c_lp, margin, step, ev.oracle_ulps, ev.candidate_ulps, candidate_top)
+            near = evidence_near(o_lp, c_lp, margin, step, ev, candidate_top)
         elif doctrine.near_tie_ulps is not None:
             near = 0.0 < o_lp - c_lp <= doctrine.near_tie_ulps * step + logprob_slack(o_lp, c_lp)
         cls = NEAR_TIE if near else DEFECT
@@ -376,24 +321,6 @@ def classify(
         gap_ulps=gap_ulps,
         candidate_margin_ulps=margin,
     )
-
-
-def _evidence_near(
-    o_lp: float,
-    c_lp: float,
-    margin: float,
-    step: float,
-    oracle_ulps: float,
-    candidate_ulps: float,
-    candidate_top: TopList | None,
-) -> bool:
-    """The evidence rule at one flip: the oracle's gap and the candidate's own margin both
-    within their limits (each up to one float32 rounding of its logprobs, as `logprob_slack`)."""
-    if not 0.0 < o_lp - c_lp <= oracle_ulps * step + logprob_slack(o_lp, c_lp):
-        return False
-    own = {int(t): float(lp) for t, lp in candidate_top or ()}
-    slack = logprob_slack(*own.values()) if own else 0.0
-    return margin * step <= candidate_ulps * step + slack
 
 
 # --------------------------------------------------------------------------- comparison

@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gate.core.doctrine import Evidence
+from gate.core.grid import logprob_slack
 from gate.core.trace import PromptRecord, Trace
 from gate.errors import InputError
 
@@ -209,3 +211,20 @@ def flip_top(
         return forced[position] if forced is not None else None
     top = candidate.top_logprobs
     return top[position] if top is not None and position < len(top) else None
+
+
+def evidence_near(
+    o_lp: float,
+    c_lp: float,
+    margin: float,
+    step: float,
+    evidence: Evidence,
+    candidate_top: Sequence[Sequence[Any]] | None,
+) -> bool:
+    """The evidence rule at one flip: the oracle's gap and the candidate's own margin both
+    within their limits (each up to one float32 rounding of its logprobs, as `logprob_slack`)."""
+    if not 0.0 < o_lp - c_lp <= evidence.oracle_ulps * step + logprob_slack(o_lp, c_lp):
+        return False
+    own = {int(t): float(lp) for t, lp in candidate_top or ()}
+    slack = logprob_slack(*own.values()) if own else 0.0
+    return margin * step <= evidence.candidate_ulps * step + slack
