@@ -34,8 +34,8 @@ def test_machine_keys() -> None:
     assert same_machine(AVX512, {}) is None
     assert describe(AVX512) == "AMD EPYC (torch CPU kernels AVX512), torch 2.13, 1 thread"
     assert describe(H100).startswith("NVIDIA H100 (compute capability 9.0)")
-    assert machine_of({"machine": AVX2}, {"machine": AVX512}) == AVX2
-    assert machine_of({}, {"machine": AVX512}) == AVX512
+    assert machine_of({"hardware": AVX2, "machine": "x86_64"}, {"hardware": AVX512}) == AVX2
+    assert machine_of({"machine": "x86_64"}, {"hardware": AVX512}) == AVX512
 
 
 def _move(cause: str) -> GoldenMove:

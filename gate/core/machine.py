@@ -1,6 +1,6 @@
 """Which machine a trace was made on, and whether two traces were made on the same kind.
 
-Engines record `info()["machine"]` (`gate.engines._common.host_machine`): the CPU model,
+Engines record `info()["hardware"]` (`gate.engines._machine.host_machine`): the CPU model,
 the instruction set torch's CPU kernels actually dispatched to
 (`torch.backends.cpu.get_cpu_capability()`), or the GPU's name and compute capability,
 the torch version and the thread count. Pins, goldens, candidate traces and reports
@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# Where a trace header keeps the machine: `engine.machine` (an engine's info), else a
-# top-level `machine` (pins and goldens copy it there too).
-MACHINE_KEY = "machine"
+# Where a trace header keeps the machine: `engine.hardware` (an engine's info), else a
+# top-level `hardware` (pins and goldens copy it there too). Not `machine`: the platform's
+# word for the architecture ("x86_64") has that key already.
+MACHINE_KEY = "hardware"
 UNKNOWN = "unknown"
 
 

@@ -160,7 +160,7 @@ class HFEngine(TokenizerMethods):
             "architecture": type(self.model).__name__,
             **host_platform(),
             **({"moe": self._moe_info()} if self.router_hooks is not None else {}),
-            "machine": host_machine(self.device.type, self.device.index),
+            "hardware": host_machine(self.device.type, self.device.index),
         }
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:

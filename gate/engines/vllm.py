@@ -261,7 +261,7 @@ class VLLMEngine(TokenizerMethods):
             "model_path": self.model_path,
             **host_platform(),
             **({"moe": dict(self.moe)} if self.moe is not None else {}),
-            "machine": host_machine(str(current_platform.device_type)),
+            "hardware": host_machine(str(current_platform.device_type)),
         }
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
