@@ -97,6 +97,7 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
 
     from gate.cli.common import default_model
     from gate.cli.output import write_data
+    from gate.core.machine import machine_key, machine_of
     from gate.core.pin_diff import exact_top2_ties
     from gate.core.pins import load_pin
 
@@ -111,6 +112,7 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
         "top_k": header.top_k,
         "engine": dict(header.engine),
         **{k: v for k, v in header.extra.items() if k != "prompt_sha256"},
+        "machine_key": machine_key(machine_of(header.engine, header.extra)),
         "exact_top2_ties": [
             {"prompt_id": t.prompt_id, "position": t.position, "chosen": t.chosen, "other": t.other} for t in ties
         ],
