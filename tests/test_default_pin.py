@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gate_cli import invoke
 
+from gate.core.adjudicate import compare
+from gate.core.doctrine import header_doctrine, resolve_doctrine
+from gate.core.machine import machine_key, machine_of
 from gate.core.pin_diff import diff_pins, exact_top2_ties
 from gate.core.pins import load_pin
 from gate.core.trace import read_trace
@@ -107,7 +111,12 @@ def test_tiny_pin_rejects_other_weights(tiny_pin: tuple[Path, Path], tmp_path: P
 
 @slow
 @needs_vllm
-def test_rerecording_the_default_pin_matches_bit_for_bit(tmp_path: Path) -> None:
+def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_the_doctrine(tmp_path: Path) -> None:
+    """A pin belongs to the hardware that recorded it. On the same machine key (the CPU
+    kernel ISA torch dispatches to) vLLM-cpu reproduces the committed pin bit for bit: token
+    ids, top-k ids and every logprob (the header's time and host may differ). On another
+    key the oracle's own numbers move: the re-recorded pin, judged as a candidate of the
+    committed one by the pin's doctrine, must pass, and `pin record` says what moved."""
     pytest.importorskip("vllm")
     committed = DEFAULT_PINS / DEFAULT / "pin.jsonl"
     folder = tmp_path / DEFAULT
@@ -116,13 +125,28 @@ def test_rerecording_the_default_pin_matches_bit_for_bit(tmp_path: Path) -> None
         shutil.copy(DEFAULT_PINS / DEFAULT / name, folder / name)
     r = invoke(["pin", "record", "--model", DEFAULT, "--pins-dir", str(tmp_path), "--force"])
     assert r.exit_code == 0, r.output
-    assert "the new pin matches the old one bit for bit (41 prompts)" in r.stderr
     old, new = read_trace(committed, role="oracle"), read_trace(folder / "pin.jsonl", role="oracle")
-    assert diff_pins(old, new).unchanged
-    for a, b in zip(old.records, new.records, strict=True):
-        assert a.to_dict() == b.to_dict()
     for key in ("weights_sha256", "tokenizer_sha256", "suite_sha256", "prompt_sha256"):
         assert old.header.extra[key] == new.header.extra[key], key
+    old_key = machine_key(machine_of(old.header.engine, old.header.extra))
+    new_key = machine_key(machine_of(new.header.engine, new.header.extra))
+    assert old_key == "cpu:AVX512" and new_key != "unknown"
+    assert f"recorded on {new_key}; the old pin on {old_key}" in r.stderr
+    # The doctrine travels with the pin: the re-recorded header carries oracle.json's.
+    assert new.header.extra["doctrine"] == old.header.extra["doctrine"]
+    if new_key == old_key:
+        assert "the new pin matches the old one bit for bit (41 prompts)" in r.stderr
+        assert diff_pins(old, new).unchanged
+        for a, b in zip(old.records, new.records, strict=True):
+            assert a.to_dict() == b.to_dict()
+        return
+    moved = diff_pins(old, new)
+    print(f"re-recorded on {new_key} (the committed pin: {old_key}):", *moved.lines(), sep="\n  ")
+    doctrine = resolve_doctrine(header_doctrine(old.header.extra, str(committed)))
+    result = compare(old, replace(new, header=replace(new.header, role="candidate")), doctrine)
+    print("  by the doctrine:", result.summary)
+    assert result.exit_code == 0, [d.to_dict() for d in result.divergences if d.cls == "defect"]
+    assert "the new pin as a candidate of the old one, by the doctrine" in r.stderr or moved.unchanged
 
 
 def test_default_pin_is_committed_with_exact_ties() -> None:
@@ -134,7 +158,11 @@ def test_default_pin_is_committed_with_exact_ties() -> None:
     assert len(ties) == 40
     # Raw logits ride along (record_logits), so the pin's ULP doctrine can apply.
     assert all(len(r.extra["token_logits"]) == len(r.token_ids) for r in pin.trace.records)
-    assert pin.settings.doctrine == {"near_tie_ulps": 2}
+    evidence = {"oracle_ulps": 4, "candidate_ulps": 2, "drift_ulps": 2}
+    assert pin.settings.doctrine == {"near_tie_ulps": 2, "evidence": evidence}
+    # ... and the pin trace carries it, with the hardware that recorded it.
+    assert pin.trace.header.extra["doctrine"] == pin.settings.doctrine
+    assert machine_key(machine_of(pin.trace.header.engine, pin.trace.header.extra)) == "cpu:AVX512"
     # "import numpy as np": the oracle's exact tie at position 1 between "\n" (198) and
     # "import" (2017), taken toward the lower id.
     assert any(t.prompt_id == "code-numpy" and t.position == 1 and (t.chosen, t.other) == (198, 2017) for t in ties)
@@ -169,9 +197,14 @@ def test_default_model_hf_passes_and_the_highest_id_rule_is_caught(tmp_path: Pat
     assert r.exit_code == 0, r.output
     plain = _json(r)
     assert plain["doctrine"]["near_tie_ulps"] == 2.0  # the pin's own doctrine
+    assert plain["doctrine"]["evidence"] == {"oracle_ulps": 4.0, "candidate_ulps": 2.0, "drift_ulps": 2.0}
     assert plain["counts"]["defects"] == 0
-    # Every flip is within two bf16 steps of the oracle's top logit.
-    assert all(d["class"] == "exact_tie" or d["gap_ulps"] <= 2.0 + 1e-5 for d in plain["divergences"])
+    # Every flip is within the evidence rule's limits: the oracle's gap and the HF engine's
+    # own margin in bf16 steps of the oracle's top logit, and an honest run's drift.
+    for d in plain["divergences"]:
+        if d["class"] != "exact_tie":
+            assert d["gap_ulps"] <= 4.0 + 1e-5 and d["candidate_margin_ulps"] <= 2.0 + 1e-5, d
+    assert plain["drift"]["median_ulps"] <= 1.0 and not plain["drift"]["beyond"]
 
     r = invoke([*base, "--engine-opt", "tie_break=highest"])
     rep = _json(r)
