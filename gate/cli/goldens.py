@@ -123,7 +123,6 @@ def check_goldens(
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
     from gate.cli.output import emit, refuse_overwrite
     from gate.core.atomic import atomic_write
-    from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
     from gate.core.goldens import (
         DEFAULT_ENGINE,
         accepted_golden,
@@ -138,14 +137,11 @@ def check_goldens(
     from gate.reports import check_format
     from gate.workflows.engine_calls import open_engine
     from gate.workflows.goldens import check_golden
+    from gate.workflows.run import doctrine_for
 
     fmt = check_format("GoldensResult", fmt)
     refuse_overwrite(force, (output, "--output"))
     opts = parse_engine_opts(engine_opts)
-    doctrine = Doctrine(
-        near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
-        near_tie_ulps=near_tie_ulps,
-    )
     engine_name = engine or DEFAULT_ENGINE
     if golden is not None:
         path = golden
@@ -158,6 +154,8 @@ def check_goldens(
     old = replace(old, path=display_path(path))
     pin = load_pin(model, pins_dir)
     check_golden_against_pin(old, pin)  # before the model loads
+    # The pin's own doctrine (it travels with the pin trace) unless flags override it.
+    doctrine = doctrine_for(pin, near_tie_mnats=near_tie_mnats, near_tie_ulps=near_tie_ulps)
 
     load = load_engine_for(engine_name, pin, opts, model_path)
     with open_engine(load, engine_name) as eng, progress_bar() as bar:

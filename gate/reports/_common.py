@@ -17,6 +17,7 @@ from gate.core.adjudicate import (
     Divergence,
     GateResult,
 )
+from gate.core.doctrine import Doctrine
 from gate.text import printable
 
 # The one-line reason an exact tie can split two honest engines.
@@ -157,7 +158,11 @@ def verdict_line(result: GateResult) -> str:
 
 
 def doctrine_line(result: GateResult) -> str:
-    d = result.doctrine
+    return doctrine_text(result.doctrine)
+
+
+def doctrine_text(d: Doctrine) -> str:
+    """`doctrine: near ties up to 125 mnats, ...` with where it came from."""
     parts = [f"near ties up to {fmt_mnats(d.near_tie_mnats)} mnats"]
     grid = f"{d.dtype or 'bfloat16'} grid steps"
     if d.evidence is not None:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gate.core.golden_moves import CAUSE_LABELS, NEAR_TIE_FLIP, REAL_CHANGE, TIE_BREAK, GoldenMove, GoldensResult
-from gate.reports._common import TIE_BREAK_RULE, fmt_logprob, fmt_mnats, token_label
+from gate.reports._common import TIE_BREAK_RULE, doctrine_text, fmt_logprob, token_label
 from gate.reports.markdown import cell
 from gate.reports.terminal import TEXT_WIDTH
 from gate.text import printable
@@ -62,11 +62,13 @@ def head_lines(result: GoldensResult) -> list[str]:
             f"causes judged against the pin {pin['path']}"
             + (f" (sha256 {pin['sha256'][:12]})" if pin.get("sha256") else "")
         )
-    d = result.doctrine
-    near = f"near ties up to {fmt_mnats(d.near_tie_mnats)} mnats"
-    if d.near_tie_ulps is not None:
-        near += f" or {d.near_tie_ulps:g} {d.dtype or 'bfloat16'} grid steps"
-    lines.append(f"doctrine: {near}")
+    lines.append(doctrine_text(result.doctrine))
+    if result.golden_machine or result.machine:
+        keys = result.to_dict()["machine_keys"]
+        lines.append(
+            f"machine: the golden's {keys['golden']}, now {keys['now']}"
+            + (" (another machine: moves within the doctrine pass)" if result.other_machine else "")
+        )
     if result.option_changes:
         changed = ", ".join(f"{k} {was!r} → {now!r}" for k, (was, now) in result.option_changes.items())
         lines.append(f"engine options changed since the golden: {changed}")

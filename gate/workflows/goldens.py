@@ -7,10 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gate.core.adjudicate import oracle_dtype
 from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
+from gate.core.evidence import run_drift
 from gate.core.golden_moves import GoldenMove, GoldensResult, engine_summary, find_moves, option_changes
 from gate.core.goldens import check_golden_against_pin, golden_header, golden_record, pin_reference
+from gate.core.grid import grid_step
+from gate.core.machine import describe, machine_of, same_machine
 from gate.core.pins import Pin
 from gate.core.trace import PromptRecord, Trace
 from gate.errors import PinError
@@ -116,7 +120,17 @@ def check_golden(
         check_provenance(pin, info, where=f"engine {engine.name!r}")
     check_prompt_tokens(engine, pin)
     run = run_candidate(engine, pin, progress=progress, info=info)
-    moves = with_token_texts(engine, find_moves(golden, run, pin.trace, doctrine))
+    # A golden reproduces bit for bit only on the machine key that recorded it; elsewhere
+    # honest numbers move and the moves are judged by the pin's doctrine.
+    golden_machine = machine_of(golden.header.engine, golden.header.extra)
+    machine = machine_of(info)
+    other = same_machine(golden_machine, machine) is False
+    drift = None
+    if doctrine.evidence is not None:
+        dtype = doctrine.dtype or oracle_dtype(pin.trace)
+        doctrine = replace(doctrine, dtype=dtype)
+        drift = run_drift(pin.trace, run, lambda v: grid_step(v, dtype), limit_ulps=doctrine.evidence.drift_ulps)
+    moves = with_token_texts(engine, find_moves(golden, run, pin.trace, doctrine, other_machine=other, drift=drift))
     fresh = Trace(
         header=golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info)),
         records=golden_records(engine, run),
@@ -125,6 +139,17 @@ def check_golden(
     ref = pin_reference(pin)
     recorded = golden.header.extra.get("pin")
     notes = []
+    if moves and not golden_machine:
+        notes.append(
+            "the golden does not record the hardware it was made on: every move counts, as on the recording machine"
+        )
+    elif moves and other:
+        notes.append(
+            f"checked on another machine ({describe(machine)}; the golden: {describe(golden_machine)}): "
+            "honest numbers move between machines, so moves are judged by the pin's doctrine"
+        )
+    if drift is not None and drift.beyond:
+        notes.append(drift.line() + ": beyond the doctrine, far more than honest engines drift")
     if isinstance(recorded, Mapping) and recorded.get("sha256") and recorded.get("sha256") != ref.get("sha256"):
         notes.append(
             f"the pin has changed since the golden was recorded (sha256 {str(recorded.get('sha256'))[:12]}... then, "
@@ -145,6 +170,8 @@ def check_golden(
         pin={**ref, "recorded": dict(recorded) if isinstance(recorded, Mapping) else None},
         golden_created_at=_str_or_none(golden.header.extra.get("created_at")),
         notes=tuple(notes),
+        golden_machine=golden_machine,
+        machine=machine,
     )
     return result, fresh
 
