@@ -28,6 +28,8 @@ Options (`--engine-opt key=value`, all strings as the CLI gives them):
   report_vocab    true | false: whether info() states vocab_size (default true)
   nondeterministic  token | logprob: from its second generation of a prompt on, the engine
                   breaks ties toward the highest id, or shifts one logprob by 1e-6 nats
+  hardware        a torch CPU capability (e.g. AVX2) info() reports as the machine it ran on
+                  (`gate.core.machine`; default: none reported)
 
 Environment (read when the engine is built, so a resumed run keeps the same options):
   GATE_FAKE_INTERRUPT_AFTER  N: raise KeyboardInterrupt (a Ctrl-C) before the (N+1)-th prompt
@@ -71,6 +73,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "fault_prompt": (str, ""),
     "report_vocab": (bool, True),
     "nondeterministic": (str, ""),
+    "hardware": (str, ""),
 }
 
 
@@ -138,6 +141,11 @@ class FakeEngine:
             "weights_sha256": self.opts["weights_sha256"],
             "tokenizer_sha256": self.opts["tokenizer_sha256"],
             **({"vocab_size": VOCAB} if self.opts["report_vocab"] else {}),
+            **(
+                {"hardware": {"device_type": "cpu", "torch_cpu_capability": self.opts["hardware"]}}
+                if self.opts["hardware"]
+                else {}
+            ),
         }
 
     def _faulty(self, prompt_id: str | None, *faults: str) -> bool:

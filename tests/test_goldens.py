@@ -766,3 +766,32 @@ def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_
             # The same numbers as the golden's: the only change is the engine's tie-break.
             assert m["candidate_gap_mnats"] == 0.0 and m["new_token"] > m["old_token"], m
             assert (m["cause"] == "tie_break") == at_tie, m
+
+
+def test_goldens_moved_on_another_machine_pass_within_the_doctrine(toy: dict[str, Any]) -> None:
+    """A golden recorded on one machine key, checked on another: moves the doctrine ratifies
+    (here the engine's own tie-breaks at the pin's exact ties) exit 0 with a line saying so;
+    on the recording machine the same moves exit 1."""
+    assert goldens(toy, "record", "--engine-opt", "hardware=AVX512").exit_code == 0
+    golden = read_trace(toy["path"])
+    assert golden.header.extra["hardware"] == {"device_type": "cpu", "torch_cpu_capability": "AVX512"}
+
+    highest = ["--engine-opt", "tie_break=highest", "--format", "json"]
+    r = goldens(toy, "check", "--engine-opt", "hardware=AVX512", *highest)
+    assert r.exit_code == 1, r.output
+    rep = report(r)
+    assert rep["verdict"] == "moved" and not rep["other_machine"] and rep["counts"]["tie_breaks"] > 0
+
+    r = goldens(toy, "check", "--engine-opt", "hardware=AVX2", *highest)
+    assert r.exit_code == 0, r.output
+    rep = report(r)
+    assert rep["verdict"] == "moved_within_doctrine" and rep["other_machine"]
+    assert rep["machine_keys"] == {"golden": "cpu:AVX512", "now": "cpu:AVX2"}
+    assert "moved on another machine (golden cpu:AVX512, now cpu:AVX2), within the doctrine" in rep["summary"]
+    assert any("checked on another machine" in n for n in rep["notes"])
+
+    # A real change on another machine still fails: a token pushed far past the oracle's choice.
+    r = goldens(toy, "check", "--engine-opt", "hardware=AVX2", "--engine-opt", "bias_token=7",
+                "--engine-opt", "bias=9", "--format", "json")  # fmt: skip
+    assert r.exit_code == 1, r.output
+    assert report(r)["counts"]["real_changes"] > 0
