@@ -217,6 +217,8 @@ class GateResult:
             **({"meta": self.run.to_dict()} if self.run is not None and self.run.partial else {}),
             **({"routing": self.routing.to_dict()} if self.routing is not None else {}),
             **({"drift": self.drift.to_dict()} if self.drift is not None else {}),
+            # Where the pin was recorded and where the candidate ran (`gate run`).
+            **({"machine": dict(self.run.machine)} if self.run is not None and self.run.machine else {}),
             **({"doctrine_source": self.doctrine.source} if self.doctrine.source else {}),
         }
 

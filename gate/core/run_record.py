@@ -33,6 +33,8 @@ class RunRecord:
     shard: str | None = None  # "K/N" when the run covered one shard of the suite
     repeats: int | None = None  # N when `--repeat N` (N > 1) found the engine deterministic
     interrupted: Interruption | None = None
+    # Where the pin was recorded and where the candidate ran: machine keys (`gate.core.machine`).
+    machine: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def partial(self) -> bool:
@@ -52,4 +54,5 @@ class RunRecord:
             "repeats": self.repeats,
             "interrupted": self.interrupted.to_dict() if self.interrupted is not None else None,
             "partial": self.partial,
+            "machine": dict(self.machine),
         }

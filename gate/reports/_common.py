@@ -200,4 +200,7 @@ def provenance_line(result: GateResult) -> str:
         parts.append(f"model {result.model}")
     if result.oracle_engine or result.candidate_engine:
         parts.append(f"oracle {result.oracle_engine or '?'} vs candidate {result.candidate_engine or '?'}")
+    machine = result.run.machine if result.run is not None else None
+    if machine and machine.get("pin") and machine.get("candidate"):
+        parts.append(f"pin recorded on {machine['pin']}, candidate on {machine['candidate']}")
     return "; ".join(parts)
