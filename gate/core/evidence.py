@@ -25,7 +25,6 @@ step doubles with each binade of the logit.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,14 +175,18 @@ def run_drift(oracle: Trace, candidate: Trace, grid: Any, *, limit_ulps: float |
 def summarise(swings: Sequence[float], limit_ulps: float | None = None) -> RunDrift:
     if not swings:
         return RunDrift(0, None, None, None, None, limit_ulps)
+    # Plain arithmetic, not `statistics` (which imports `fractions`): the core stays cheap
+    # to import, the way `gate compare` is.
     mags = sorted(abs(s) for s in swings)
-    p90 = mags[min(len(mags) - 1, math.ceil(0.9 * len(mags)) - 1)]
+    n = len(mags)
+    median = mags[n // 2] if n % 2 else (mags[n // 2 - 1] + mags[n // 2]) / 2.0
+    p90 = mags[min(n - 1, math.ceil(0.9 * n) - 1)]
     return RunDrift(
-        positions=len(mags),
-        median_ulps=float(statistics.median(mags)),
+        positions=n,
+        median_ulps=float(median),
         p90_ulps=float(p90),
         max_ulps=float(mags[-1]),
-        mean_signed_ulps=float(statistics.fmean(swings)),
+        mean_signed_ulps=float(math.fsum(swings) / n),
         limit_ulps=limit_ulps,
     )
 
