@@ -118,3 +118,30 @@ def test_a_capped_onednn_is_another_kernel_path() -> None:
     capped = {**AVX512, "forced_isa": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
     assert machine_key(capped) == "cpu:AVX512/onednn:AVX2"
     assert same_machine(AVX512, capped) is False
+
+
+def test_a_re_recorded_pin_says_where_and_is_judged_by_the_doctrine() -> None:
+    from gate.core.pins import rerecord_lines
+    from gate.core.trace import Trace, TraceHeader
+
+    def pin(hardware: dict[str, Any], second: list[list[Any]], token: int) -> Trace:
+        rec = PromptRecord(
+            id="p",
+            prompt_token_ids=(1,),
+            token_ids=(5, token),
+            top_logprobs=[[[5, -0.5], [4, -0.625]], second],
+            extra={"token_logits": [20.0, 20.0]},
+        )
+        head = TraceHeader(role="oracle", model="m", top_k=2, engine={"name": "vllm", "version": "1"},
+                           extra={"hardware": hardware})  # fmt: skip
+        return Trace(header=head, records=(rec,))
+
+    old = pin(AVX512, [[6, -0.5], [7, -0.75]], 6)  # 6 ahead of 7 by 2 steps
+    same = rerecord_lines(old, old, Doctrine(near_tie_ulps=2.0))
+    assert same == ["recorded on cpu:AVX512; the old pin on cpu:AVX512 (the same machine key)"]
+    new = pin(AVX2, [[7, -0.5], [6, -0.625]], 7)  # on AVX2 the oracle itself takes 7
+    lines = rerecord_lines(old, new, Doctrine(near_tie_ulps=2.0))
+    assert lines[0] == "recorded on cpu:AVX2; the old pin on cpu:AVX512 (another machine)"
+    assert "(ratified_pass)" in lines[1] and "1 near tie, 0 defects" in lines[1]
+    lines = rerecord_lines(old, new, Doctrine(near_tie_mnats=100.0))
+    assert "(fail)" in lines[1] and "1 defect" in lines[1]
