@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.core.doctrine import Evidence
-from gate.core.grid import logprob_slack
+from gate.core.grid import grid_step, logprob_slack
 from gate.core.trace import PromptRecord, Trace
 from gate.errors import InputError
 
@@ -231,3 +231,28 @@ def evidence_near(
     own = {int(t): float(lp) for t, lp in candidate_top or ()}
     slack = logprob_slack(*own.values()) if own else 0.0
     return margin * step <= evidence.candidate_ulps * step + slack
+
+
+def own_margin(
+    candidate: PromptRecord,
+    position: int,
+    old: int | None,
+    new: int | None,
+    dtype: str,
+    evidence: Evidence | None,
+    drift: RunDrift | None,
+) -> float | None:
+    """Where the oracle has no evidence (a context it never saw), the candidate's own: the
+    margin in grid steps, at its own top logit, by which it took `new` over `old`, when that
+    is within the doctrine's `candidate_ulps` in a run whose drift is within the doctrine;
+    else None."""
+    top, logits = candidate.top_logprobs, candidate.extra.get("token_logits")
+    if evidence is None or old is None or new is None or top is None or (drift is not None and drift.beyond):
+        return None
+    if not isinstance(logits, list) or position >= min(len(logits), len(top)):
+        return None
+    value = logits[position]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    margin = candidate_margin(top[position], old, new, grid_step(float(value), dtype))
+    return margin if margin is not None and margin <= evidence.candidate_ulps else None

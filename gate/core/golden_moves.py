@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, classify, grid_step
+from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, classify
 from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
-from gate.core.evidence import RunDrift, candidate_margin
+from gate.core.evidence import RunDrift, own_margin
 from gate.core.machine import machine_key, same_machine
 from gate.core.trace import PromptRecord, Trace
 from gate.errors import InputError
@@ -263,25 +263,12 @@ def _mnats(x: float) -> str:
 
 
 def _own_near_tie(
-    candidate: PromptRecord,
-    position: int,
-    old: int | None,
-    new: int | None,
-    doctrine: Doctrine,
-    drift: RunDrift | None,
+    candidate: PromptRecord, position: int, old: int | None, new: int | None, doctrine: Doctrine, drift: RunDrift | None
 ) -> str | None:
-    """Why a move is a near tie by the new run's own evidence (another machine, evidence
-    doctrine), or None: it took `new` over `old` by at most the doctrine's candidate margin
-    in grid steps at its own top logit, in a run whose drift is within the doctrine."""
+    """Why a move is a near tie by the new run's own evidence (`own_margin`), or None."""
     ev = doctrine.evidence
-    top, logits = candidate.top_logprobs, candidate.extra.get("token_logits")
-    if ev is None or old is None or new is None or top is None or (drift is not None and drift.beyond):
-        return None
-    if not isinstance(logits, list) or position >= len(logits) or not isinstance(logits[position], (int, float)):
-        return None
-    step = grid_step(float(logits[position]), doctrine.dtype or DEFAULT_DTYPE)
-    margin = candidate_margin(top[position], old, new, step) if position < len(top) else None
-    if margin is None or margin > ev.candidate_ulps:
+    margin = own_margin(candidate, position, old, new, doctrine.dtype or DEFAULT_DTYPE, ev, drift)
+    if margin is None or ev is None:
         return None
     return (
         f"on this machine the new run holds {new} only {margin:.2f} grid steps above {old} (its own logprobs; "

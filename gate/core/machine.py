@@ -78,3 +78,16 @@ def same_machine(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool | None:
     if UNKNOWN in (ka, kb):
         return None
     return ka == kb
+
+
+def machine_meta(pin_header: Any, info: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a pin (its trace header) was recorded and where a candidate (its engine
+    info) ran: both keys, whether they agree, and the candidate's hardware."""
+    theirs = machine_of(info)
+    ours = machine_of(pin_header.engine, pin_header.extra)
+    return {
+        "pin": machine_key(ours),
+        "candidate": machine_key(theirs),
+        "same": same_machine(ours, theirs),
+        "candidate_hardware": theirs,
+    }

@@ -30,7 +30,7 @@ from typing import Any
 from gate.core.adjudicate import GateResult, compare
 from gate.core.doctrine import Doctrine, header_doctrine, resolve_doctrine
 from gate.core.engine import Engine, PromptInput
-from gate.core.machine import machine_key, machine_of, same_machine
+from gate.core.machine import machine_meta
 from gate.core.pins import Pin
 from gate.core.routing import attribute_routing, oracle_routing
 from gate.core.run_record import Interruption, RunRecord
@@ -502,17 +502,5 @@ def run_record(
         shard=shard,
         repeats=repeats,
         interrupted=interrupted,
-        machine=machine_meta(pin, info),
+        machine=machine_meta(pin.trace.header, info),
     )
-
-
-def machine_meta(pin: Pin, info: Mapping[str, Any]) -> dict[str, Any]:
-    """Where the pin was recorded and where the candidate ran (`gate.core.machine`)."""
-    theirs = machine_of(info)
-    ours = machine_of(pin.trace.header.engine, pin.trace.header.extra)
-    return {
-        "pin": machine_key(ours),
-        "candidate": machine_key(theirs),
-        "same": same_machine(ours, theirs),
-        "candidate_hardware": theirs,
-    }
