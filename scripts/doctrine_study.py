@@ -269,6 +269,7 @@ def flip_evidence(result: Any) -> tuple[float, float, float]:
 def print_table(out: Path) -> int:
     from gate.core.adjudicate import compare
     from gate.core.doctrine import Doctrine, Evidence
+    from gate.core.machine import machine_key, machine_of
     from gate.core.pins import load_pin
     from gate.core.trace import read_trace
 
@@ -288,12 +289,12 @@ def print_table(out: Path) -> int:
         oracle = pins[v.pins]
         cand = read_trace(path, role="candidate")
         meta_path = out / f"{v.name}.meta.json"
+        isa = machine_key(machine_of(cand.header.engine, cand.header.extra))
         if meta_path.exists():
             m = json.loads(meta_path.read_text())["machine"]
             machines.add(f"{m['cpu']}, torch {m['torch']}")
-            isa = str(m["torch_cpu_capability"])
-        else:
-            isa = "?"
+            if isa == "unknown":  # traces recorded before engines named their hardware
+                isa = f"cpu:{m['torch_cpu_capability']}"
         measured = compare(oracle, cand, probe)
         drift = measured.drift
         uo, uc, both = flip_evidence(measured)
@@ -318,7 +319,7 @@ def print_table(out: Path) -> int:
             if v.kind == MUTANT and good:
                 ok_counts[name][1] += 1
         rows.append(row)
-    head = ["variant", "kind", "isa", "flips", "max u_o", "max u_c", "max u_o+u_c", "drift med", "drift p90"]
+    head = ["variant", "kind", "machine key", "flips", "max u_o", "max u_c", "max u_o+u_c", "drift med", "drift p90"]
     head += [name for name, _ in docs]
     blank = [""] * 9
     rows.append(
