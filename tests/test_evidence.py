@@ -350,3 +350,18 @@ def test_a_bad_doctrine_in_the_pin_header_is_an_input_error(tmp_path: Any, doctr
     r = invoke(["compare", o, c])
     assert r.exit_code == 2, r.output
     assert message in r.stderr and "pin.jsonl" in r.stderr
+
+
+def test_a_drift_far_beyond_honest_is_reported_loudly_even_without_a_flip() -> None:
+    from gate.reports.markdown import render_markdown
+    from gate.reports.terminal import render_text
+
+    o, c = _runs(40, 4.0)  # every runner-up 4 steps closer, no token flipped
+    r = compare(o, c, DOCTRINE)
+    assert r.verdict == "strict_pass" and r.exit_code == 0  # the spec's verdict: no flip, no divergence
+    assert r.to_dict()["drift"]["beyond"] is True
+    assert "FAR BEYOND HONEST DRIFT" in " ".join(render_text(r).split())
+    assert "FAR BEYOND HONEST DRIFT" in render_markdown(r)
+    o, c = _runs(40, 0.5)
+    honest = " ".join(render_text(compare(o, c, DOCTRINE)).split())
+    assert "run drift: median 0.50 (limit 2)" in honest and "FAR BEYOND" not in honest

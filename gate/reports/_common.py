@@ -188,8 +188,8 @@ def drift_line(result: GateResult) -> str | None:
     line = drift.line()
     if drift.beyond:
         line += (
-            " — FAR BEYOND HONEST DRIFT: this candidate moves the oracle's top two apart by more than honest "
-            "engines do across machines; every flip beyond the fixed mnats is a defect"
+            " — FAR BEYOND HONEST DRIFT: this candidate swings the gap between the oracle's top two tokens "
+            "further than honest engines do across machines; every flip beyond the fixed mnats is a defect"
         )
     return line
 

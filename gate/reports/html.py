@@ -48,6 +48,7 @@ from gate.reports._common import (
     by_prompt,
     class_counts,
     doctrine_line,
+    drift_line,
     fmt_logprob,
     fmt_mnats,
     fmt_ulps,
@@ -140,6 +141,7 @@ def _header(result: GateResult) -> str:
         f"<p>{escape(verdict_line(result))} · {escape(doctrine_line(result))}"
         + (f" · {escape(prov)}" if prov else "")
         + "</p>"
+        + (f'<p class="note">{escape(drift_line(result) or "")}</p>' if result.drift is not None else "")
         + "".join(f'<p class="note">warning: {escape(w)}</p>' for w in result.warnings)
         + f'</header>\n<section class="cards">{card_html}</section>'
     )

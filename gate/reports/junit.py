@@ -16,6 +16,7 @@ from gate.reports._common import (
     by_prompt,
     class_counts,
     doctrine_line,
+    drift_line,
     fmt_logprob,
     fmt_mnats,
     for_humans,
@@ -74,6 +75,7 @@ def render_junit(result: GateResult) -> str:
         ("model", result.model),
         ("oracle_engine", result.oracle_engine),
         ("candidate_engine", result.candidate_engine),
+        *((("drift", drift_line(result) or ""),) if result.drift is not None else ()),
         *(("warning", w) for w in result.warnings),
     ):
         ET.SubElement(props, "property", name=key, value=xml_text(value))
