@@ -45,6 +45,7 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 HONEST = "honest"
 MUTANT = "mutant"
+REFERENCE = "reference"  # not judged: evidence for the table (the float32 opinion)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,12 @@ VARIANTS: tuple[Variant, ...] = (
         "HF (ISA default) against the pin re-recorded under AVX2",
         pins="pins-avx2",
         env={"ATEN_CPU_CAPABILITY": "default"},
+    ),
+    Variant(
+        "fp32-opinion",
+        REFERENCE,
+        "the same weights in float32, teacher-forced along every pinned prompt: which token is truly ahead",
+        engine="fp32",
     ),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
@@ -181,6 +188,8 @@ def run_one(name: str, out: Path) -> int:
         (out / f"{v.name}.meta.json").write_text(json.dumps(meta, indent=1))
         return 0
     pin = load_pin(MODEL, out / v.pins if v.pins else None)
+    if v.engine == "fp32":
+        return _fp32_opinion(v, pin, out, meta, t0)
     if v.engine.startswith("mutant:"):
         from gate.engines.mutants import mutations
 
@@ -203,6 +212,40 @@ def run_one(name: str, out: Path) -> int:
     meta["forced_prompts"] = list(forced)
     meta["seconds"] = round(time.time() - t0, 1)
     write_trace(out / f"{v.name}.jsonl", cand, overwrite=True)
+    (out / f"{v.name}.meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    return 0
+
+
+def _fp32_opinion(v: Variant, pin: Any, out: Path, meta: dict[str, Any], t0: float) -> int:
+    """Every pinned prompt teacher-forced through the oracle's tokens by the HF engine in
+    float32 (bf16 weights widened): its top-k at each position of the oracle's context."""
+    from dataclasses import replace
+
+    from gate.core.trace import Trace, write_trace
+    from gate.engines.hf import HFEngine
+    from gate.workflows.run import candidate_header
+
+    engine = HFEngine(MODEL, dtype="float32")
+    records = []
+    try:
+        for o in pin.trace.records:
+            fd = engine.force(o.prompt_token_ids, o.token_ids, pin.top_k)
+            tops = [[[int(t), float(lp)] for t, lp in pos] for pos in fd.top_logprobs or ()]
+            records.append(
+                replace(
+                    o,
+                    top_logprobs=None,
+                    forced_token_ids=tuple(fd.token_ids),
+                    extra={"forced_mode": fd.mode, "forced_top_logprobs": tops},
+                )
+            )
+        info = engine.info()
+    finally:
+        engine.close()
+    trace = Trace(header=candidate_header(pin, info, 0), records=tuple(records), path="<fp32>")
+    meta["engine"] = info
+    meta["seconds"] = round(time.time() - t0, 1)
+    write_trace(out / f"{v.name}.jsonl", trace, overwrite=True)
     (out / f"{v.name}.meta.json").write_text(json.dumps(meta, indent=1, default=str))
     return 0
 
@@ -266,6 +309,27 @@ def flip_evidence(result: Any) -> tuple[float, float, float]:
     return (max(uo, default=0.0), max(uc, default=0.0), max(both, default=0.0))
 
 
+def fp32_sides(result: Any, fp32: Any) -> str:
+    """Of a run's non-exact flips on the oracle's context, how many the float32 opinion
+    (the same weights in float32 over the same context) puts the candidate's token ahead of
+    or level with the oracle's: "k/n"."""
+    if fp32 is None:
+        return "-"
+    tops = {r.id: r.extra.get("forced_top_logprobs") for r in fp32.records}
+    n = k = 0
+    for d in result.divergences:
+        if not d.gap_ulps or d.candidate_token is None:
+            continue
+        top = tops.get(d.prompt_id)
+        if not top or d.position >= len(top):
+            continue
+        f = {int(t): float(lp) for t, lp in top[d.position]}
+        if d.oracle_token in f and d.candidate_token in f:
+            n += 1
+            k += f[d.candidate_token] >= f[d.oracle_token]
+    return f"{k}/{n}"
+
+
 def print_table(out: Path) -> int:
     from gate.core.adjudicate import compare
     from gate.core.doctrine import Doctrine, Evidence
@@ -280,9 +344,11 @@ def print_table(out: Path) -> int:
     ok_counts = {name: [0, 0] for name, _ in docs}  # name -> [honest failing, mutants as expected]
     n_honest = n_mutant = 0
     machines: set[str] = set()
+    fp32_path = out / "fp32-opinion.jsonl"
+    fp32 = read_trace(fp32_path, role="candidate") if fp32_path.exists() else None
     for v in VARIANTS:
         path = out / f"{v.name}.jsonl"
-        if not path.exists():
+        if not path.exists() or v.kind == REFERENCE:
             continue
         if v.pins not in pins:
             pins[v.pins] = load_pin(MODEL, out / v.pins if v.pins else None).trace
@@ -308,6 +374,7 @@ def print_table(out: Path) -> int:
             f"{both:.1f}",
             f"{drift.median_ulps:.2f}" if drift and drift.median_ulps is not None else "-",
             f"{drift.p90_ulps:.2f}" if drift and drift.p90_ulps is not None else "-",
+            fp32_sides(measured, fp32) if v.pins is None else "-",
         ]
         n_honest += v.kind == HONEST
         n_mutant += v.kind == MUTANT
@@ -320,11 +387,10 @@ def print_table(out: Path) -> int:
                 ok_counts[name][1] += 1
         rows.append(row)
     head = ["variant", "kind", "machine key", "flips", "max u_o", "max u_c", "max u_o+u_c", "drift med", "drift p90"]
+    head += ["fp32 sides w/ cand."]
     head += [name for name, _ in docs]
-    blank = [""] * 9
-    rows.append(
-        ["honest variants failing", "", "", "", "", "", "", "", ""] + [f"{ok_counts[n][0]}/{n_honest}" for n, _ in docs]
-    )
+    blank = [""] * 10
+    rows.append(["honest variants failing", *blank[1:]] + [f"{ok_counts[n][0]}/{n_honest}" for n, _ in docs])
     rows.append(["mutants caught as expected", *blank[1:]] + [f"{ok_counts[n][1]}/{n_mutant}" for n, _ in docs])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
 
@@ -340,6 +406,8 @@ def print_table(out: Path) -> int:
     print("and p90 of |swing| of the top-1-minus-top-2 difference over positions sharing the oracle's context;")
     print("all in bf16 grid steps at the oracle's top logit. Cells: pass / FAIL Nd (N defects) for honest")
     print("variants; for mutants what the self-test expects (caught Nd defects, Nt higher-id exact ties, ratified).")
+    print("fp32 sides w/ cand.: of the run's flips, how many the same weights in float32 over the oracle's context")
+    print("put the candidate's token ahead of (or level with) the oracle's (- : another pin's context, or not run).")
     print(f"machine: {'; '.join(sorted(machines))}")
     return 0
 
