@@ -158,7 +158,7 @@ def test_default_pin_is_committed_with_exact_ties() -> None:
     assert len(ties) == 40
     # Raw logits ride along (record_logits), so the pin's ULP doctrine can apply.
     assert all(len(r.extra["token_logits"]) == len(r.token_ids) for r in pin.trace.records)
-    evidence = {"oracle_ulps": 4, "candidate_ulps": 2, "drift_ulps": 2}
+    evidence = {"oracle_ulps": 4, "candidate_ulps": 2, "drift_ulps": 2, "floor_logit": 16}
     assert pin.settings.doctrine == {"near_tie_ulps": 2, "evidence": evidence}
     # ... and the pin trace carries it, with the hardware that recorded it.
     assert pin.trace.header.extra["doctrine"] == pin.settings.doctrine
@@ -197,7 +197,12 @@ def test_default_model_hf_passes_and_the_highest_id_rule_is_caught(tmp_path: Pat
     assert r.exit_code == 0, r.output
     plain = _json(r)
     assert plain["doctrine"]["near_tie_ulps"] == 2.0  # the pin's own doctrine
-    assert plain["doctrine"]["evidence"] == {"oracle_ulps": 4.0, "candidate_ulps": 2.0, "drift_ulps": 2.0}
+    assert plain["doctrine"]["evidence"] == {
+        "oracle_ulps": 4.0,
+        "candidate_ulps": 2.0,
+        "drift_ulps": 2.0,
+        "floor_logit": 16.0,
+    }
     assert plain["counts"]["defects"] == 0
     # Every flip is within the evidence rule's limits: the oracle's gap and the HF engine's
     # own margin in bf16 steps of the oracle's top logit, and an honest run's drift.

@@ -241,7 +241,12 @@ def test_the_same_flip_is_a_near_tie_in_an_honest_run_and_a_defect_in_a_drifting
     assert r.drift is not None and r.drift.median_ulps == 0.5 and not r.drift.beyond
     out = r.to_dict()
     assert out["drift"]["median_ulps"] == 0.5 and out["divergences"][0]["candidate_margin_ulps"] == 0.5
-    assert out["doctrine"]["evidence"] == {"oracle_ulps": 3.0, "candidate_ulps": 1.0, "drift_ulps": 2.0}
+    assert out["doctrine"]["evidence"] == {
+        "oracle_ulps": 3.0,
+        "candidate_ulps": 1.0,
+        "drift_ulps": 2.0,
+        "floor_logit": 16.0,
+    }
 
     o, c = _flip_run(40, 4.0, flip_at=30)
     r = compare(o, c, DOCTRINE)
@@ -269,6 +274,33 @@ def test_evidence_from_a_pin_checks_its_keys_and_values() -> None:
         Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1, "drift_ulps": -1})
     with pytest.raises(InputError, match="oracle_ulps"):
         Evidence.from_dict({"oracle_ulps": "3", "candidate_ulps": 1, "drift_ulps": 2})
+    with pytest.raises(InputError, match="floor_logit must be a finite number >= 0"):
+        Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1, "drift_ulps": 2, "floor_logit": -16})
+    assert (
+        Evidence.from_dict({"oracle_ulps": 3, "candidate_ulps": 1, "drift_ulps": 2, "floor_logit": 0}).floor_logit == 0
+    )
+
+
+def test_the_unit_does_not_shrink_below_the_floor_logit() -> None:
+    """At a top logit of 5 a bf16 step is 1/32 nats; honest engines across ISA paths flip
+    there at 4.5 such steps (140.6 mnats, measured): in units floored at |logit| 16 (1/8
+    nats) that is 1.125, a near tie; without the floor it is past the 3-step limit."""
+    o_top = top((5, -0.5), (7, -0.5 - 4.5 / 32), (9, -3.0))
+    c_top = top((7, -0.5), (5, -0.5), (9, -3.0))  # the candidate's own exact tie
+    kw: dict[str, Any] = {
+        "prompt_id": "p",
+        "position": 0,
+        "source": "free_run",
+        "top": o_top,
+        "oracle_token": 5,
+        "candidate_token": 7,
+        "top_logit": 5.0,
+        "candidate_top": c_top,
+    }
+    floored = classify(doctrine=DOCTRINE, **kw)
+    assert floored.cls == NEAR_TIE and floored.gap_ulps == 4.5  # reported in the logit's own steps
+    bare = Doctrine(near_tie_mnats=0.0, near_tie_ulps=2.0, evidence=Evidence(3.0, 1.0, 2.0, floor_logit=0.0))
+    assert classify(doctrine=bare, **kw).cls == DEFECT
 
 
 # --------------------------------------------------------------------------- the doctrine travels with the pin

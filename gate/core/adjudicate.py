@@ -294,11 +294,13 @@ def classify(
     # In nats straight from the logprobs: a round trip through mnats could add a rounding.
     gap_ulps = (o_lp - c_lp) / step if step is not None else None
     ev = doctrine.evidence
-    margin = (
-        candidate_margin(candidate_top, oracle_token, candidate_token, step)
-        if ev is not None and step is not None
+    # The evidence rule's unit: the grid step at the top logit, floored (`Evidence`).
+    unit = (
+        grid_step(ev.unit_logit(top_logit), doctrine.dtype or DEFAULT_DTYPE)
+        if ev is not None and top_logit is not None
         else None
     )
+    margin = candidate_margin(candidate_top, oracle_token, candidate_token, unit) if unit is not None else None
     if c_lp == o_lp:
         cls = EXACT_TIE
         tie_break: str | None = "lower_id" if candidate_token < oracle_token else "higher_id"
@@ -307,8 +309,8 @@ def classify(
         near = 0.0 < gap <= doctrine.near_tie_mnats
         if near or step is None or (drift is not None and drift.beyond):
             pass  # a run drifting beyond the doctrine earns no allowance in grid steps
-        elif ev is not None and margin is not None:
-            near = evidence_near(o_lp, c_lp, margin, step, ev, candidate_top)
+        elif ev is not None and margin is not None and unit is not None:
+            near = evidence_near(o_lp, c_lp, margin, unit, ev, candidate_top)
         elif doctrine.near_tie_ulps is not None:
             near = 0.0 < o_lp - c_lp <= doctrine.near_tie_ulps * step + logprob_slack(o_lp, c_lp)
         cls = NEAR_TIE if near else DEFECT
@@ -353,8 +355,8 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
 
     drift = None
     if doctrine.evidence is not None:
-        dtype = doctrine.dtype or DEFAULT_DTYPE
-        drift = run_drift(oracle, candidate, lambda v: grid_step(v, dtype), limit_ulps=doctrine.evidence.drift_ulps)
+        dtype, ev = doctrine.dtype or DEFAULT_DTYPE, doctrine.evidence
+        drift = run_drift(oracle, candidate, lambda v: grid_step(ev.unit_logit(v), dtype), limit_ulps=ev.drift_ulps)
     prompts: list[PromptResult] = []
     divergences: list[Divergence] = []
     for o in oracle.records:

@@ -14,13 +14,20 @@ from gate.errors import InputError
 # weights drift by about this much (HF vs vLLM on SmolLM2-135M: median 20, max 189 mnats on
 # the same token), so a gap of at most one such step is a near tie, not a defect.
 DEFAULT_NEAR_TIE_MNATS = 125.0
+# The evidence rule's unit never shrinks below the grid step at this logit size (bf16: 125
+# mnats): the size where a model's top candidates usually sit (see `Evidence`).
+DEFAULT_FLOOR_LOGIT = 16.0
 # The grid the ULP doctrine uses when neither the doctrine nor the oracle's header names one.
 DEFAULT_DTYPE = "bfloat16"
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """The evidence rule, in grid steps of the model dtype at the oracle's top logit.
+    """The evidence rule, in *noise units*: steps of the model dtype's grid at the oracle's
+    top logit, or at `floor_logit` where the top logit is smaller. Below that size a logit's
+    own rounding no longer limits its precision (the hidden states and weights that make it
+    do: measured across ISA paths, honest flips at |logit| 4-8 reach 4.5 of its steps, 1.1
+    units), so the unit does not shrink with it.
 
     A flip (candidate token c where the oracle took o, 0 < gap) is a near tie when
       - the oracle's gap u_o = (L[o] - L[c]) / step is at most `oracle_ulps`,
@@ -35,9 +42,10 @@ class Evidence:
     oracle_ulps: float
     candidate_ulps: float
     drift_ulps: float
+    floor_logit: float = DEFAULT_FLOOR_LOGIT
 
     def __post_init__(self) -> None:
-        for name in ("oracle_ulps", "candidate_ulps", "drift_ulps"):
+        for name in ("oracle_ulps", "candidate_ulps", "drift_ulps", "floor_logit"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -53,14 +61,19 @@ class Evidence:
             "oracle_ulps": float(self.oracle_ulps),
             "candidate_ulps": float(self.candidate_ulps),
             "drift_ulps": float(self.drift_ulps),
+            "floor_logit": float(self.floor_logit),
         }
+
+    def unit_logit(self, top_logit: float) -> float:
+        """The logit size whose grid step is this rule's unit at a position."""
+        return max(abs(top_logit), self.floor_logit)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "doctrine") -> Evidence:
         if not isinstance(raw, Mapping):
             raise InputError(f"{where}: field 'evidence' must be an object, found {type(raw).__name__}")
         keys = ("oracle_ulps", "candidate_ulps", "drift_ulps")
-        unknown = sorted(set(raw) - set(keys))
+        unknown = sorted(set(raw) - {*keys, "floor_logit"})
         missing = [k for k in keys if k not in raw]
         if unknown or missing:
             raise InputError(
@@ -69,7 +82,7 @@ class Evidence:
                 + (f"; missing {', '.join(missing)}" if missing else "")
             )
         try:
-            return cls(**{k: raw[k] for k in keys})
+            return cls(**{k: raw[k] for k in (*keys, "floor_logit") if k in raw})
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
 

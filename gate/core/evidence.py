@@ -4,9 +4,10 @@ Pure functions over token ids and logprobs (no I/O, no torch), used by the adjud
 when the doctrine asks for evidence (`Doctrine.candidate_margin_ulps`, `max_drift_ulps`).
 
 Everything is measured in steps of the model dtype's grid at the size of the oracle's top
-logit at that position (`grid_step` of the pin's `token_logits`), the unit honest drift
-comes in: two engines running the same bf16 weights disagree by whole grid steps, and the
-step doubles with each binade of the logit.
+logit at that position (`grid_step` of the pin's `token_logits`), floored at the step of
+`Evidence.floor_logit` (16: 125 mnats in bf16), the unit honest drift comes in: two
+engines running the same bf16 weights disagree by whole grid steps, the step doubles with
+each binade of the logit, and below |logit| 16 the error no longer shrinks with it.
 
 - At a flip (oracle token o, candidate token c), `u_o` = (L[o] - L[c]) / step is the
   oracle's gap and `u_c` = (C[c] - C[o]) / step the candidate's own margin for its token,
@@ -254,5 +255,5 @@ def own_margin(
     value = logits[position]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    margin = candidate_margin(top[position], old, new, grid_step(float(value), dtype))
+    margin = candidate_margin(top[position], old, new, grid_step(evidence.unit_logit(float(value)), dtype))
     return margin if margin is not None and margin <= evidence.candidate_ulps else None

@@ -130,7 +130,9 @@ def check_golden(
     if evidence is not None:
         dtype = doctrine.dtype or oracle_dtype(pin.trace)
         doctrine = replace(doctrine, dtype=dtype)
-        drift = run_drift(pin.trace, run, lambda v: grid_step(v, dtype), limit_ulps=evidence.drift_ulps)
+        drift = run_drift(
+            pin.trace, run, lambda v: grid_step(evidence.unit_logit(v), dtype), limit_ulps=evidence.drift_ulps
+        )
     moves = with_token_texts(engine, find_moves(golden, run, pin.trace, doctrine, other_machine=other, drift=drift))
     fresh = Trace(
         header=golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info)),
