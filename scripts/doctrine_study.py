@@ -267,14 +267,14 @@ def doctrines() -> list[tuple[str, Any]]:
         e = Evidence.from_dict(ev)
         out.append(
             (
-                f"evidence {e.oracle_ulps:g}/{e.candidate_ulps:g}/{e.drift_ulps:g}",
+                f"evidence {e.oracle_ulps:g}/{e.candidate_ulps:g}/{e.drift_ulps:g} (pin)",
                 Doctrine(near_tie_ulps=own.get("near_tie_ulps"), evidence=e),
             )
         )
-    for o, c, d in ((4, 2, 2), (5, 3, 2), (3, 1, 1)):
-        e = Evidence(oracle_ulps=o, candidate_ulps=c, drift_ulps=d)
-        name = f"evidence {o}/{c}/{d}"
-        if all(n != name for n, _ in out):
+    for o, c, d, floor in ((4, 2, 2, 16), (4, 2, 2, 0), (5, 3, 2, 16), (3, 1, 1, 16)):
+        e = Evidence(oracle_ulps=o, candidate_ulps=c, drift_ulps=d, floor_logit=floor)
+        name = f"evidence {o}/{c}/{d}" + ("" if floor == 16 else " no floor")
+        if all(n != name and n != f"{name} (pin)" for n, _ in out):
             out.append((name, Doctrine(near_tie_ulps=2.0, evidence=e)))
     return out
 
@@ -297,16 +297,25 @@ def judged(v: Variant, result: Any) -> tuple[bool, str]:
     return (reported > 0, f"caught {reported}" if reported else "MISSED")
 
 
-def flip_evidence(result: Any) -> tuple[float, float, float]:
-    """Over a run's non-exact flips in the oracle's top-k: max u_o, max u_c, max u_o + u_c."""
-    uo = [d.gap_ulps for d in result.divergences if d.gap_ulps]
-    uc = [d.candidate_margin_ulps for d in result.divergences if d.gap_ulps and d.candidate_margin_ulps is not None]
-    both = [
-        d.gap_ulps + d.candidate_margin_ulps
-        for d in result.divergences
-        if d.gap_ulps and d.candidate_margin_ulps is not None
-    ]
-    return (max(uo, default=0.0), max(uc, default=0.0), max(both, default=0.0))
+def flip_evidence(result: Any, oracle: Any, floor_logit: float) -> tuple[float, float, float, float]:
+    """Over a run's non-exact flips in the oracle's top-k: max u_o in the top logit's own
+    grid steps, then max u_o, max u_c and max u_o + u_c in the evidence rule's units (the
+    step at max(|top logit|, floor_logit))."""
+    from gate.core.grid import grid_step
+
+    logits = {r.id: r.extra.get("token_logits") for r in oracle.records}
+    raw, uo, uc, both = [0.0], [0.0], [0.0], [0.0]
+    for d in result.divergences:
+        tl = (logits.get(d.prompt_id) or [None] * (d.position + 1))[d.position]
+        if not d.gap_ulps or d.oracle_minus_candidate_mnats is None or tl is None:
+            continue
+        u = d.oracle_minus_candidate_mnats / 1000.0 / grid_step(max(abs(float(tl)), floor_logit))
+        raw.append(d.gap_ulps)
+        uo.append(u)
+        if d.candidate_margin_ulps is not None:
+            uc.append(d.candidate_margin_ulps)
+            both.append(u + d.candidate_margin_ulps)
+    return max(raw), max(uo), max(uc), max(both)
 
 
 def fp32_sides(result: Any, fp32: Any) -> str:
@@ -338,7 +347,9 @@ def print_table(out: Path) -> int:
     from gate.core.trace import read_trace
 
     docs = doctrines()
-    probe = Doctrine(near_tie_ulps=2.0, evidence=Evidence(99.0, 99.0, 99.0))  # measures, judges nothing
+    # Measures (in the pin's units: floor_logit 16), judges nothing.
+    measuring = Evidence(99.0, 99.0, 99.0)
+    probe = Doctrine(near_tie_ulps=2.0, evidence=measuring)
     pins: dict[str | None, Any] = {}
     rows: list[list[str]] = []
     ok_counts = {name: [0, 0] for name, _ in docs}  # name -> [honest failing, mutants as expected]
@@ -363,13 +374,14 @@ def print_table(out: Path) -> int:
                 isa = f"cpu:{m['torch_cpu_capability']}"
         measured = compare(oracle, cand, probe)
         drift = measured.drift
-        uo, uc, both = flip_evidence(measured)
+        raw, uo, uc, both = flip_evidence(measured, oracle, measuring.floor_logit)
         row = [
             v.name,
             v.kind,
             isa,
             str(sum(1 for d in measured.divergences if d.cls != "exact_tie")),
-            f"{uo:.1f}",
+            f"{raw:.1f}",
+            f"{uo:.2f}",
             f"{uc:.1f}",
             f"{both:.1f}",
             f"{drift.median_ulps:.2f}" if drift and drift.median_ulps is not None else "-",
@@ -386,10 +398,11 @@ def print_table(out: Path) -> int:
             if v.kind == MUTANT and good:
                 ok_counts[name][1] += 1
         rows.append(row)
-    head = ["variant", "kind", "machine key", "flips", "max u_o", "max u_c", "max u_o+u_c", "drift med", "drift p90"]
+    head = ["variant", "kind", "machine key", "flips", "max gap steps", "max u_o", "max u_c", "max u_o+u_c"]
+    head += ["drift med", "drift p90"]
     head += ["fp32 sides w/ cand."]
     head += [name for name, _ in docs]
-    blank = [""] * 10
+    blank = [""] * 11
     rows.append(["honest variants failing", *blank[1:]] + [f"{ok_counts[n][0]}/{n_honest}" for n, _ in docs])
     rows.append(["mutants caught as expected", *blank[1:]] + [f"{ok_counts[n][1]}/{n_mutant}" for n, _ in docs])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -402,9 +415,10 @@ def print_table(out: Path) -> int:
     for r in rows:
         print(line(r))
     print()
-    print("u_o: the oracle's gap at a flip, u_c: the candidate's own margin for its token there, drift: median")
-    print("and p90 of |swing| of the top-1-minus-top-2 difference over positions sharing the oracle's context;")
-    print("all in bf16 grid steps at the oracle's top logit. Cells: pass / FAIL Nd (N defects) for honest")
+    print("max gap steps: the largest oracle gap at a flip in bf16 steps of the oracle's top logit. The rest in the")
+    print("evidence rule's units (the bf16 step at max(|top logit|, 16)): u_o the oracle's gap at a flip, u_c the")
+    print("candidate's own margin for its token there, drift the median and p90 of |swing| of the top-1-minus-top-2")
+    print("difference over the positions sharing the oracle's context. Cells: pass / FAIL Nd (N defects) for honest")
     print("variants; for mutants what the self-test expects (caught Nd defects, Nt higher-id exact ties, ratified).")
     print("fp32 sides w/ cand.: of the run's flips, how many the same weights in float32 over the oracle's context")
     print("put the candidate's token ahead of (or level with) the oracle's (- : another pin's context, or not run).")
