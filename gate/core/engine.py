@@ -91,9 +91,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def parse_options(
-    engine: str, options: Mapping[str, Any], schema: Mapping[str, tuple[type, Any]]
-) -> dict[str, Any]:
+def parse_options(engine: str, options: Mapping[str, Any], schema: Mapping[str, tuple[type, Any]]) -> dict[str, Any]:
     """Convert `--engine-opt` strings to typed values.
 
     `schema` maps option name to (type, default). An unknown key or a value of the wrong
