@@ -26,6 +26,7 @@ from typing import Any
 
 from gate import __version__
 from gate.core.atomic import atomic_write
+from gate.core.doctrine import Doctrine, header_doctrine, resolve_doctrine
 from gate.core.files import data_roots
 from gate.core.oracle_settings import OracleSettings, read_settings
 from gate.core.suite import Suite, read_suite
@@ -175,6 +176,25 @@ class Pin:
         if key in header.extra:
             return header.extra[key]
         return header.engine.get(key)
+
+
+def doctrine_for(
+    pin: Pin, *, strict: bool = False, near_tie_mnats: float | None = None, near_tie_ulps: float | None = None
+) -> Doctrine:
+    """The doctrine a judgement against `pin` applies: the command line's thresholds, else
+    the pin's own (the pin trace header's `doctrine`, which travels with the trace, else
+    oracle.json's), else the defaults."""
+    where = str(pin.folder.pin_path)
+    own = header_doctrine(pin.trace.header.extra, where)
+    if own is None and pin.settings.doctrine:
+        own, where = dict(pin.settings.doctrine), str(pin.folder.settings_path)
+    return resolve_doctrine(
+        own,
+        strict=strict,
+        near_tie_mnats=near_tie_mnats,
+        near_tie_ulps=near_tie_ulps,
+        source=f"the pin's ({where})",
+    )
 
 
 def load_suite(folder: PinFolder, settings: OracleSettings) -> Suite:

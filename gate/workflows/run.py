@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.adjudicate import GateResult, compare
-from gate.core.doctrine import Doctrine, header_doctrine, resolve_doctrine
+from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine, PromptInput
 from gate.core.machine import machine_meta
 from gate.core.pins import Pin
+from gate.core.pins import doctrine_for as doctrine_for
 from gate.core.routing import attribute_routing, oracle_routing
 from gate.core.run_record import Interruption, RunRecord
 from gate.core.shards import format_shard, select_shard
@@ -111,25 +112,6 @@ def prompt_inputs(pin: Pin) -> list[PromptInput]:
             PromptInput(id=rec.id, prompt_token_ids=rec.prompt_token_ids, max_tokens=sp.max_tokens, prompt=sp.display)
         )
     return out
-
-
-def doctrine_for(
-    pin: Pin, *, strict: bool = False, near_tie_mnats: float | None = None, near_tie_ulps: float | None = None
-) -> Doctrine:
-    """The doctrine a judgement against `pin` applies: the command line's thresholds, else
-    the pin's own (the pin trace header's `doctrine`, which travels with the trace, else
-    oracle.json's), else the defaults."""
-    where = str(pin.folder.pin_path)
-    own = header_doctrine(pin.trace.header.extra, where)
-    if own is None and pin.settings.doctrine:
-        own, where = dict(pin.settings.doctrine), str(pin.folder.settings_path)
-    return resolve_doctrine(
-        own,
-        strict=strict,
-        near_tie_mnats=near_tie_mnats,
-        near_tie_ulps=near_tie_ulps,
-        source=f"the pin's ({where})",
-    )
 
 
 # --------------------------------------------------------------------------- the pipeline's steps
