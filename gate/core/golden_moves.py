@@ -479,11 +479,23 @@ def goldens_summary(result: GoldensResult) -> str:
     return line
 
 
-def option_changes(golden_info: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Engine options whose values differ between the golden's engine and this run's
-    (from `info()["options"]`, else the options given on the command line)."""
-    was = golden_info.get("options")
-    now = info.get("options")
+def option_changes(
+    golden_info: Mapping[str, Any],
+    info: Mapping[str, Any],
+    golden_options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, tuple[Any, Any]]:
+    """Engine options whose values differ between the golden's engine and this run's:
+    name -> (golden's, now's), None where an option was not set (the engine's default).
+
+    Both engines' `info()["options"]` (defaults included) when both report them; else the
+    options given on the command line: `golden_options` as the golden's header records
+    them (`engine_options`), `options` this run's. Never one side's engine options against
+    the other's command line; a golden that recorded neither has nothing to compare."""
+    was: Any = golden_info.get("options")
+    now: Any = info.get("options")
+    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
+        was, now = golden_options, options if options is not None else {}
     if not isinstance(was, Mapping) or not isinstance(now, Mapping):
         return {}
     return {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}

@@ -158,7 +158,10 @@ def check_golden(
             f"the pin has changed since the golden was recorded (sha256 {str(recorded.get('sha256'))[:12]}... then, "
             f"{str(ref.get('sha256'))[:12]}... now): causes are judged against the pin as it is now"
         )
-    changes = option_changes(golden.header.engine, info)
+    # Engines that report no options of their own (most plugins): the command line's.
+    changes = option_changes(
+        golden.header.engine, info, _mapping_or_none(golden.header.extra.get("engine_options")), options
+    )
     result = GoldensResult(
         model=pin.model,
         engine=engine.name,
@@ -181,3 +184,7 @@ def check_golden(
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _mapping_or_none(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
