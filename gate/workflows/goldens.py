@@ -11,6 +11,7 @@ from gate.core.adjudicate import oracle_dtype
 from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
 from gate.core.evidence import run_drift
+from gate.core.files import portable
 from gate.core.golden_moves import GoldenMove, GoldensResult, engine_summary, find_moves, option_changes
 from gate.core.goldens import check_golden_against_pin, golden_header, golden_record, pin_reference
 from gate.core.grid import grid_step
@@ -160,7 +161,7 @@ def check_golden(
         )
     # Engines that report no options of their own (most plugins): the command line's.
     changes = option_changes(
-        golden.header.engine, info, _mapping_or_none(golden.header.extra.get("engine_options")), options
+        golden.header.engine, info, _mapping_or_none(golden.header.extra.get("engine_options")), portable(options)
     )
     result = GoldensResult(
         model=pin.model,
