@@ -185,3 +185,35 @@ def test_this_machines_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     (tmp_path / "cache").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "cache")
     assert portable_path(tmp_path / "link" / "m") == "$GATE_CACHE/m"
+
+
+# --------------------------------------------------------------------------- the real engine (slow)
+
+
+@pytest.mark.slow
+def test_the_hf_engines_headers_name_no_folder_of_this_machine(machine: dict[str, Path]) -> None:
+    """The HF engine reports its weights folder (`model_path`, and `model` with
+    --model-path): a pin it records, its candidate trace and its golden say `~/models/tiny`."""
+    pytest.importorskip("transformers")
+    from tiny_models import build_tiny_llama
+
+    m = machine
+    weights = build_tiny_llama(m["home"] / "models" / "tiny", tie_rows=True)
+    folder = m["pins"] / "tiny" / "llama"
+    folder.mkdir(parents=True)
+    (folder / "suite.jsonl").write_text('{"id": "a", "text": "import numpy as np", "max_tokens": 4}\n')
+    (folder / "oracle.json").write_text('{"engine": "hf", "dtype": "bfloat16", "top_k": 5}')
+    common = ["--model", "tiny/llama", "--model-path", str(weights), "--pins-dir", str(m["pins"])]
+    r = invoke(["pin", "record", *common])
+    assert r.exit_code == 0, r.output
+    r = invoke(["run", *common, "--engine", "hf", "--save-trace", str(m["work"] / "cand.jsonl")])
+    assert r.exit_code == 0, r.output
+    r = invoke(["goldens", "record", *common, "--engine", "hf", "--goldens-dir", str(m["goldens"])])
+    assert r.exit_code == 0, r.output
+    pin = header_of(folder / "pin.jsonl")
+    cand = header_of(m["work"] / "cand.jsonl")
+    golden = header_of(m["goldens"] / "tiny" / "llama" / "hf.jsonl")
+    for header in (pin, cand, golden):
+        assert_no_local_path(header, m)
+    assert pin["engine"]["model_path"] == cand["engine"]["model_path"] == "~/models/tiny"
+    assert golden["engine"]["model"] == "~/models/tiny" and "model_path" not in golden["engine"]
