@@ -217,3 +217,17 @@ def test_the_hf_engines_headers_name_no_folder_of_this_machine(machine: dict[str
         assert_no_local_path(header, m)
     assert pin["engine"]["model_path"] == cand["engine"]["model_path"] == "~/models/tiny"
     assert golden["engine"]["model"] == "~/models/tiny" and "model_path" not in golden["engine"]
+
+
+def test_a_merged_trace_names_its_shards_without_this_machines_folders(machine: dict[str, Path]) -> None:
+    from gate.core.pins import load_pin
+    from gate.core.shards import merge_traces
+    from gate.core.trace import Trace
+
+    m = machine
+    record_toy_pin(m["pins"])
+    pin_trace = load_pin(TOY_MODEL, m["pins"]).trace
+    ids = [r.id for r in pin_trace.records]
+    cand = Trace(header=pin_trace.header, records=pin_trace.records, path=str(m["home"] / "ci" / "shard1.jsonl"))
+    merged = merge_traces([cand], ids)
+    assert [o["path"] for o in merged.header.extra["merged_from"]] == ["~/ci/shard1.jsonl"]
