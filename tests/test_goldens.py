@@ -38,9 +38,8 @@ from gate.core.golden_moves import (
     find_moves,
     first_move,
     judge_move,
-    option_changes,
 )
-from gate.core.goldens import accepted_golden, engine_key, golden_header, golden_path
+from gate.core.goldens import accepted_golden, engine_key, golden_header, golden_path, option_changes
 from gate.core.machine import machine_key, machine_of
 from gate.core.pin_diff import exact_top2_ties
 from gate.core.pins import Pin, load_pin

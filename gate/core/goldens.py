@@ -177,6 +177,33 @@ def golden_header(
     return TraceHeader(role="candidate", model=pin.model, top_k=0, engine=engine, extra=head)
 
 
+def option_changes(
+    golden_info: Mapping[str, Any],
+    info: Mapping[str, Any],
+    golden_options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, tuple[Any, Any]]:
+    """Engine options whose values differ between the golden's engine and this run's:
+    name -> (golden's, now's), None where an option was not set (the engine's default).
+
+    Both engines' `info()["options"]` (defaults included) when both report them; else the
+    options given on the command line: `golden_options` as the golden's header records
+    them (`engine_options`), `options` this run's. Never one side's engine options against
+    the other's command line; a golden that recorded neither has nothing to compare."""
+    was: Any = golden_info.get("options")
+    now: Any = info.get("options")
+    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
+        was, now = golden_options, options if options is not None else {}
+    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
+        return {}
+    return {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
+
+
+def engine_summary(info: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("name", "version", "device", "dtype", "tie_break", "options")
+    return {k: info[k] for k in keys if info.get(k) is not None}
+
+
 def golden_record(rec: PromptRecord, tokens: Sequence[str] | None = None) -> PromptRecord:
     """What a golden keeps of a candidate record: ids, tokens and their text (`tokens`
     where the record has none), why it ended. Logprobs and engine extras are left out: a

@@ -12,8 +12,15 @@ from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
 from gate.core.evidence import run_drift
 from gate.core.files import portable
-from gate.core.golden_moves import GoldenMove, GoldensResult, engine_summary, find_moves, option_changes
-from gate.core.goldens import check_golden_against_pin, golden_header, golden_record, pin_reference
+from gate.core.golden_moves import GoldenMove, GoldensResult, find_moves
+from gate.core.goldens import (
+    check_golden_against_pin,
+    engine_summary,
+    golden_header,
+    golden_record,
+    option_changes,
+    pin_reference,
+)
 from gate.core.grid import grid_step
 from gate.core.machine import describe, machine_of, same_machine
 from gate.core.pins import Pin
