@@ -8,6 +8,7 @@ checkout, or the home folder (`~/...`), and a path anywhere else by its last nam
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,3 +232,22 @@ def test_a_merged_trace_names_its_shards_without_this_machines_folders(machine: 
     cand = Trace(header=pin_trace.header, records=pin_trace.records, path=str(m["home"] / "ci" / "shard1.jsonl"))
     merged = merge_traces([cand], ids)
     assert [o["path"] for o in merged.header.extra["merged_from"]] == ["~/ci/shard1.jsonl"]
+
+
+# --------------------------------------------------------------------------- the committed files
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_the_committed_pins_and_goldens_name_no_folder_of_a_machine() -> None:
+    files = [*REPO.glob("oracle_pins/**/pin.jsonl"), *REPO.glob("goldens/**/*.jsonl")]
+    assert len(files) >= 2
+    for path in files:
+        absolute = [s for s in strings(header_of(path)) if os.path.isabs(s)]
+        assert not absolute, (path, absolute)
+    pin_file = REPO / "oracle_pins" / DEFAULT / "pin.jsonl"
+    assert header_of(pin_file)["engine"]["model_path"] == "$GATE_CACHE/models/SmolLM2-135M-Instruct-bf16"
+    # The committed golden was taken against the committed pin, byte for byte.
+    golden = header_of(REPO / "goldens" / DEFAULT / "hf.jsonl")
+    assert golden["pin"]["sha256"] == hashlib.sha256(pin_file.read_bytes()).hexdigest()
