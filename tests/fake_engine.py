@@ -106,6 +106,16 @@ def log_softmax(logits: Sequence[float]) -> list[float]:
     return [v - norm for v in logits]
 
 
+def model_folder(model: str) -> str:
+    """The toy model's folder: `model` itself when a local path (`--model-path`), else where
+    gate's cache would hold it, as it holds the default model."""
+    if os.path.isabs(model):
+        return model
+    from gate.models.default import gate_cache_dir
+
+    return str(gate_cache_dir() / "models" / model.replace("/", "--"))
+
+
 class FakeEngine:
     """The toy model as an engine. `FakeEngine.history` records every call, in order."""
 
@@ -141,6 +151,10 @@ class FakeEngine:
             "weights_sha256": self.opts["weights_sha256"],
             "tokenizer_sha256": self.opts["tokenizer_sha256"],
             **({"vocab_size": VOCAB} if self.opts["report_vocab"] else {}),
+            # Where the toy weights lie, as the real engines report it (an absolute path on
+            # this machine: never to be written into a header as it is).
+            "model": self.model,
+            "model_path": model_folder(self.model),
             **(
                 {"hardware": {"device_type": "cpu", "torch_cpu_capability": self.opts["hardware"]}}
                 if self.opts["hardware"]

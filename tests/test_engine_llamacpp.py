@@ -124,6 +124,23 @@ def test_provenance_names_the_gguf_and_the_build(greedy: LlamaCppEngine, tie_ggu
     assert "weights_sha256" not in info  # not the pin's weights: no provenance check on them
 
 
+def test_a_trace_header_names_the_gguf_without_this_machines_folders(
+    greedy: LlamaCppEngine, tie_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    from types import SimpleNamespace
+    from typing import cast
+
+    from gate.core.pins import Pin
+    from gate.workflows.run import candidate_header
+
+    monkeypatch.setenv("HOME", str(tie_gguf.parent.parent))
+    pin = cast(Pin, SimpleNamespace(model="tiny", suite=SimpleNamespace(sha256="0" * 64)))
+    engine = candidate_header(pin, greedy.info(), TOP_K).engine
+    assert engine["gguf"] == f"~/{tie_gguf.parent.name}/tie.gguf"
+    assert not [v for v in engine.values() if isinstance(v, str) and os.path.isabs(v)], engine
+
+
 # --------------------------------------------------------------------------- faults
 
 

@@ -146,6 +146,15 @@ def test_the_runtime_breaks_exact_ties_toward_the_lowest_id(tie_onnx: object, ti
 
 
 @pytest.mark.slow
+def test_a_header_names_the_onnx_build_by_gates_cache(tie_onnx: object) -> None:
+    from gate.core.files import portable
+
+    said = portable(tie_onnx.info())  # type: ignore[attr-defined]
+    assert said["onnx_model_dir"].startswith("$GATE_CACHE/models/"), said["onnx_model_dir"]
+    assert "/" not in said["onnx_model_dir"].removeprefix("$GATE_CACHE/models/")
+
+
+@pytest.mark.slow
 def test_forced_decode_on_its_own_tokens_reproduces_generate(tie_onnx: object) -> None:
     for rec in tie_onnx.generate(_prompts(tie_onnx, 5), TOP_K):  # type: ignore[attr-defined]
         forced = tie_onnx.force(rec.prompt_token_ids, rec.token_ids, TOP_K)  # type: ignore[attr-defined]

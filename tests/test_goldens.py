@@ -39,7 +39,7 @@ from gate.core.golden_moves import (
     first_move,
     judge_move,
 )
-from gate.core.goldens import accepted_golden, engine_key, golden_header, golden_path
+from gate.core.goldens import accepted_golden, engine_key, golden_header, golden_path, option_changes
 from gate.core.machine import machine_key, machine_of
 from gate.core.pin_diff import exact_top2_ties
 from gate.core.pins import Pin, load_pin
@@ -497,6 +497,36 @@ def test_check_names_changed_engine_options(toy: dict[str, Any], monkeypatch: py
     assert rep["option_changes"] == {"tie_break": ["highest", "lowest"]}
     text = goldens(toy, "check").stdout
     assert "engine options changed since the golden: tie_break 'highest' → 'lowest'" in text
+
+
+def test_check_names_changed_command_line_options_of_an_engine_that_reports_none(toy: dict[str, Any]) -> None:
+    # The toy engine's info() has no "options" (nor have most plugins): the options given on
+    # the command line, which the golden's header records, are compared instead.
+    assert goldens(toy, "record", "--engine-opt", "tie_break=highest", "--engine-opt", "seed=0").exit_code == 0
+    r = goldens(toy, "check", "--engine-opt", "seed=0", "--engine-opt", "bias=0", "--format", "json")
+    assert r.exit_code == 1, r.output
+    assert report(r)["option_changes"] == {"bias": [None, "0"], "tie_break": ["highest", None]}
+    text = goldens(toy, "check", "--engine-opt", "seed=0").stdout
+    assert "engine options changed since the golden: tie_break 'highest' → (default)" in text
+    # The same options (in another order): nothing to name.
+    r = goldens(toy, "check", "--engine-opt", "seed=0", "--engine-opt", "tie_break=highest", "--format", "json")
+    assert r.exit_code == 0 and report(r)["option_changes"] == {}
+
+
+def test_option_changes_come_from_the_engines_options_else_the_command_lines() -> None:
+    # Both engines report their options: those (defaults included) are compared.
+    assert option_changes({"options": {"a": 1, "b": 2}}, {"options": {"a": 1, "b": 3}}, {}, {"b": "3"}) == {"b": (2, 3)}
+    # Neither does (a plugin): the command-line options in the golden's header.
+    assert option_changes({"name": "echo"}, {"name": "echo"}, {"trace": "a.jsonl"}, {"trace": "b.jsonl"}) == {
+        "trace": ("a.jsonl", "b.jsonl")
+    }
+    # Only one side does: the command line's, never one side's engine options against the
+    # other's command line.
+    assert option_changes({"options": {"a": 1}}, {"name": "x"}, {"a": "1"}, {}) == {"a": ("1", None)}
+    assert option_changes({"name": "x"}, {"options": {"a": 1}}, {}, {"a": "1"}) == {"a": (None, "1")}
+    # A golden that recorded no command-line options: nothing to compare against.
+    assert option_changes({}, {}, None, {"a": "1"}) == {}
+    assert option_changes({}, {}, {}, {}) == {}
 
 
 def test_a_re_recorded_pin_is_noted_and_used(toy: dict[str, Any]) -> None:

@@ -172,3 +172,23 @@ def test_the_plugin_reads_its_trace_with_gates_reader(plugin: Path, pinned: tupl
     assert code == 2
     assert f"{bad}:2" in err and "negative token id" in err
     assert read_trace(trace, role="candidate").header.model == MODEL
+
+
+def test_goldens_check_names_a_plugins_changed_options(
+    plugin: Path, pinned: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The echo plugin's info() reports no "options": `gate goldens check` names what changed
+    # from the options given on the command line, which the golden's header records.
+    pins, trace = pinned
+    monkeypatch.chdir(trace.parent)
+    common = ["--model", MODEL, "--pins-dir", str(pins), "--goldens-dir", str(tmp_path / "goldens"), "--engine", "echo"]
+    r = invoke(["goldens", "record", *common, "--engine-opt", f"trace={trace.name}"])
+    assert r.exit_code == 0, r.output
+    moved = tampered(trace, 1, 2)
+    r = invoke(["goldens", "check", *common, "--engine-opt", f"trace={moved.name}", "--format", "json"])
+    assert r.exit_code == 1, r.output
+    rep = json.loads(r.stdout)
+    assert rep["option_changes"] == {"trace": [trace.name, moved.name]}
+    assert [m["prompt_id"] for m in rep["moves"]] == ["p1"]
+    r = invoke(["goldens", "check", *common, "--engine-opt", f"trace={moved.name}"])
+    assert f"engine options changed since the golden: trace '{trace.name}' → '{moved.name}'" in r.stdout

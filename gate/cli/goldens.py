@@ -123,14 +123,8 @@ def check_goldens(
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
     from gate.cli.output import emit, refuse_overwrite
     from gate.core.atomic import atomic_write
-    from gate.core.goldens import (
-        DEFAULT_ENGINE,
-        accepted_golden,
-        check_golden_against_pin,
-        display_path,
-        encode_golden,
-        find_golden,
-    )
+    from gate.core.files import display_path
+    from gate.core.goldens import DEFAULT_ENGINE, accepted_golden, check_golden_against_pin, encode_golden, find_golden
     from gate.core.pins import load_pin
     from gate.core.trace import read_trace
     from gate.errors import GateError

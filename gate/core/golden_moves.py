@@ -477,18 +477,3 @@ def goldens_summary(result: GoldensResult) -> str:
             f"{machine_key(result.machine)}), but not every move is within the doctrine"
         )
     return line
-
-
-def option_changes(golden_info: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Engine options whose values differ between the golden's engine and this run's
-    (from `info()["options"]`, else the options given on the command line)."""
-    was = golden_info.get("options")
-    now = info.get("options")
-    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
-        return {}
-    return {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
-
-
-def engine_summary(info: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("name", "version", "device", "dtype", "tie_break", "options")
-    return {k: info[k] for k in keys if info.get(k) is not None}

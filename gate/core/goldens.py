@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gate import __version__
-from gate.core.files import REPO_ROOT, data_roots, file_sha256
+from gate.core.files import REPO_ROOT, data_roots, file_sha256, portable, portable_path
 from gate.core.golden_moves import GOLDEN_VERSION, GoldenMove
 from gate.core.pins import Pin, check_model_id
 from gate.core.trace import PromptRecord, Trace, TraceHeader, encode_trace
@@ -106,16 +106,6 @@ def path_for_writing(model: str, engine: str, goldens_dir: Path | None = None) -
 # --------------------------------------------------------------------------- provenance
 
 
-def display_path(path: Path, *, cwd: Path | None = None) -> str:
-    """A path as a golden header records it: relative to the working folder or to gate's
-    checkout when under either (so committed goldens do not name one machine's folders)."""
-    real = Path(path).resolve()
-    for base in (cwd or Path.cwd(), REPO_ROOT):
-        if real.is_relative_to(base.resolve()):
-            return real.relative_to(base.resolve()).as_posix()
-    return str(path)
-
-
 def project_commit(root: Path = REPO_ROOT) -> dict[str, Any]:
     """gate's own git commit (`git_commit`) and whether tracked files differ from it
     (`git_dirty`), when gate runs from a git checkout; empty otherwise."""
@@ -144,7 +134,8 @@ def project_commit(root: Path = REPO_ROOT) -> dict[str, Any]:
 def pin_reference(pin: Pin) -> dict[str, Any]:
     """The pin a golden is taken against: its path, the file's sha256, its suite's hash."""
     ref: dict[str, Any] = {
-        "path": display_path(pin.folder.pin_path),
+        # Elsewhere than under gate's checkout, home or cache: `.../<org>/<model>/pin.jsonl`.
+        "path": portable_path(pin.folder.pin_path.resolve(), tail=len(pin.model.split("/")) + 1),
         "sha256": file_sha256(pin.folder.pin_path) if pin.folder.pin_path.is_file() else None,
         "suite_sha256": pin.suite.sha256,
         "created_at": pin.provenance("created_at"),
@@ -163,13 +154,14 @@ def golden_header(
     extra: Mapping[str, Any] | None = None,
 ) -> TraceHeader:
     """A golden's header: the engine's own `info()` (name, version, options, ...), the
-    options given on the command line, device, dtype, hashes, gate's commit and the pin."""
-    engine = {k: v for k, v in info.items() if k not in _LOCAL_INFO_KEYS}
+    options given on the command line, device, dtype, hashes, gate's commit and the pin.
+    Paths are said without this machine's folders (`gate.core.files.portable`)."""
+    engine = portable({k: v for k, v in info.items() if k not in _LOCAL_INFO_KEYS})
     engine.setdefault("name", "unknown")
     engine.setdefault("version", "unknown")
     head: dict[str, Any] = {
         "golden": GOLDEN_VERSION,
-        "engine_options": dict(options),
+        "engine_options": portable(dict(options)),
         "device": info.get("device"),
         "dtype": info.get("dtype"),
         # Where it was recorded: a golden reproduces bit for bit only on the same machine key.
@@ -183,6 +175,33 @@ def golden_header(
     }
     head = {k: v for k, v in head.items() if v is not None}
     return TraceHeader(role="candidate", model=pin.model, top_k=0, engine=engine, extra=head)
+
+
+def option_changes(
+    golden_info: Mapping[str, Any],
+    info: Mapping[str, Any],
+    golden_options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, tuple[Any, Any]]:
+    """Engine options whose values differ between the golden's engine and this run's:
+    name -> (golden's, now's), None where an option was not set (the engine's default).
+
+    Both engines' `info()["options"]` (defaults included) when both report them; else the
+    options given on the command line: `golden_options` as the golden's header records
+    them (`engine_options`), `options` this run's. Never one side's engine options against
+    the other's command line; a golden that recorded neither has nothing to compare."""
+    was: Any = golden_info.get("options")
+    now: Any = info.get("options")
+    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
+        was, now = golden_options, options if options is not None else {}
+    if not isinstance(was, Mapping) or not isinstance(now, Mapping):
+        return {}
+    return {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
+
+
+def engine_summary(info: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("name", "version", "device", "dtype", "tie_break", "options")
+    return {k: info[k] for k in keys if info.get(k) is not None}
 
 
 def golden_record(rec: PromptRecord, tokens: Sequence[str] | None = None) -> PromptRecord:

@@ -27,7 +27,7 @@ from typing import Any
 from gate import __version__
 from gate.core.atomic import atomic_write
 from gate.core.doctrine import Doctrine, header_doctrine, resolve_doctrine
-from gate.core.files import data_roots
+from gate.core.files import data_roots, portable
 from gate.core.oracle_settings import OracleSettings, read_settings
 from gate.core.suite import Suite, read_suite
 from gate.core.trace import Trace, TraceHeader, encode_trace, read_trace
@@ -283,8 +283,9 @@ def oracle_header(
     top_k: int,
     created_at: str | None = None,
 ) -> TraceHeader:
-    """The pin's header: the engine's own provenance plus what gate knows about the run."""
-    engine = dict(info)
+    """The pin's header: the engine's own provenance plus what gate knows about the run.
+    Paths are said without this machine's folders (`gate.core.files.portable`)."""
+    engine = portable(dict(info))
     moe = engine.pop("moe", None)  # MoE routing recorded: a header block (docs/moe-routing.md)
     engine.setdefault("name", settings.engine)
     engine.setdefault("version", _dist_version(settings.engine, f"{settings.engine}-cpu") or "unknown")
@@ -319,7 +320,7 @@ def oracle_header(
         "created_at": created_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "moe": moe,
     }
-    extra = {k: v for k, v in extra.items() if v is not None}
+    extra = portable({k: v for k, v in extra.items() if v is not None})
     return TraceHeader(role="oracle", model=model, top_k=top_k, engine=engine, extra=extra)
 
 

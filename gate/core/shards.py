@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gate.core.files import portable, portable_path
 from gate.core.trace import PromptRecord, Trace, TraceHeader
 from gate.errors import InputError
 
@@ -201,11 +202,14 @@ def _merged_header(traces: Sequence[Trace]) -> TraceHeader:
     first = traces[0].header
     extra = {k: v for k, v in first.extra.items() if k != "shard"}
     extra["merged_from"] = [_origin(t) for t in traces]
-    return TraceHeader(role=first.role, model=first.model, top_k=first.top_k, engine=first.engine, extra=extra)
+    # The header gate writes names no folder of this machine (`gate.core.files.portable`).
+    return TraceHeader(
+        role=first.role, model=first.model, top_k=first.top_k, engine=portable(first.engine), extra=portable(extra)
+    )
 
 
 def _origin(trace: Trace) -> Mapping[str, Any]:
-    out: dict[str, Any] = {"path": trace.path, "prompts": len(trace.records)}
+    out: dict[str, Any] = {"path": portable_path(trace.path), "prompts": len(trace.records)}
     for key in ("shard", "created_at", "host", "hostname"):
         if key in trace.header.extra:
             out[key] = trace.header.extra[key]

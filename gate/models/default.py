@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from gate.core.files import gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.listing import file_sha256, listing_sha256, tokenizer_files, weight_files
 
@@ -46,15 +47,6 @@ Log = Callable[[str], None]
 
 def _stderr(message: str) -> None:
     print(f"gate: {message}", file=sys.stderr, flush=True)
-
-
-def gate_cache_dir() -> Path:
-    """gate's cache root: $GATE_CACHE_DIR, else $XDG_CACHE_HOME/gate, else ~/.cache/gate."""
-    explicit = os.environ.get("GATE_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "gate"
 
 
 def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:

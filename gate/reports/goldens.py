@@ -9,6 +9,7 @@ the core reports' (`gate.reports._common`), so a tie reads the same in every rep
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import orjson
 from rich import box
@@ -70,13 +71,21 @@ def head_lines(result: GoldensResult) -> list[str]:
             + (" (another machine: moves within the doctrine pass)" if result.other_machine else "")
         )
     if result.option_changes:
-        changed = ", ".join(f"{k} {was!r} → {now!r}" for k, (was, now) in result.option_changes.items())
+        changed = ", ".join(
+            f"{printable(k)} {_option_value(was)} → {_option_value(now)}"
+            for k, (was, now) in result.option_changes.items()
+        )
         lines.append(f"engine options changed since the golden: {changed}")
     lines += [f"note: {n}" for n in result.notes]
     if result.accepted:
         kept = f"; the old one kept as {result.backup}" if result.backup else ""
         lines.append(f"accepted: {result.accepted} rewritten with the new tokens of the moved prompts{kept}")
     return lines
+
+
+def _option_value(value: Any) -> str:
+    """An option's value as the report shows it: unset is the engine's default."""
+    return "(default)" if value is None else printable(repr(value))
 
 
 # --------------------------------------------------------------------------- JSON

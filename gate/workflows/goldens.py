@@ -11,8 +11,16 @@ from gate.core.adjudicate import oracle_dtype
 from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
 from gate.core.evidence import run_drift
-from gate.core.golden_moves import GoldenMove, GoldensResult, engine_summary, find_moves, option_changes
-from gate.core.goldens import check_golden_against_pin, golden_header, golden_record, pin_reference
+from gate.core.files import portable
+from gate.core.golden_moves import GoldenMove, GoldensResult, find_moves
+from gate.core.goldens import (
+    check_golden_against_pin,
+    engine_summary,
+    golden_header,
+    golden_record,
+    option_changes,
+    pin_reference,
+)
 from gate.core.grid import grid_step
 from gate.core.machine import describe, machine_of, same_machine
 from gate.core.pins import Pin
@@ -158,7 +166,10 @@ def check_golden(
             f"the pin has changed since the golden was recorded (sha256 {str(recorded.get('sha256'))[:12]}... then, "
             f"{str(ref.get('sha256'))[:12]}... now): causes are judged against the pin as it is now"
         )
-    changes = option_changes(golden.header.engine, info)
+    # Engines that report no options of their own (most plugins): the command line's.
+    changes = option_changes(
+        golden.header.engine, info, _mapping_or_none(golden.header.extra.get("engine_options")), portable(options)
+    )
     result = GoldensResult(
         model=pin.model,
         engine=engine.name,
@@ -181,3 +192,7 @@ def check_golden(
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _mapping_or_none(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None

@@ -30,6 +30,7 @@ from typing import Any
 from gate.core.adjudicate import GateResult, compare
 from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine, PromptInput
+from gate.core.files import display_path, portable
 from gate.core.machine import machine_meta
 from gate.core.pins import Pin
 from gate.core.pins import doctrine_for as doctrine_for
@@ -118,7 +119,9 @@ def prompt_inputs(pin: Pin) -> list[PromptInput]:
 
 
 def candidate_header(pin: Pin, info: Mapping[str, Any], top_k: int) -> TraceHeader:
-    engine = dict(info)
+    """A candidate trace's header: the engine's `info()`, its paths said without this
+    machine's folders (`gate.core.files.portable`), and the suite it ran."""
+    engine = portable(dict(info))
     engine.setdefault("name", "unknown")
     engine.setdefault("version", "unknown")
     extra = {
@@ -475,7 +478,7 @@ def run_record(
 ) -> RunRecord:
     return RunRecord(
         command="gate run",
-        pin=str(pin.folder.pin_path),
+        pin=display_path(pin.folder.pin_path),
         pin_created_at=pin.provenance("created_at"),
         oracle={k: pin.trace.header.engine.get(k) for k in ("name", "version")},
         candidate={k: info.get(k) for k in ("name", "version", "device", "dtype") if info.get(k) is not None},
