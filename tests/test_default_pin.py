@@ -27,6 +27,7 @@ from gate.core.machine import machine_key, machine_of
 from gate.core.pin_diff import diff_pins, exact_top2_ties
 from gate.core.pins import load_pin
 from gate.core.trace import read_trace
+from gate.models.default import DEFAULT_FOLDER
 
 pytest.importorskip("transformers")
 
@@ -132,6 +133,8 @@ def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_
     new_key = machine_key(machine_of(new.header.engine, new.header.extra))
     assert old_key == "cpu:AVX512" and new_key != "unknown"
     assert f"recorded on {new_key}; the old pin on {old_key}" in r.stderr
+    # The weights folder is said by gate's cache, as in the committed header (no machine's folders).
+    assert new.header.engine["model_path"] == old.header.engine["model_path"] == f"$GATE_CACHE/models/{DEFAULT_FOLDER}"
     # The doctrine travels with the pin: the re-recorded header carries oracle.json's.
     assert new.header.extra["doctrine"] == old.header.extra["doctrine"]
     if new_key == old_key:
