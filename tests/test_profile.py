@@ -56,3 +56,18 @@ def test_no_divergence_no_profile_lines(tmp_path: Path) -> None:
     clean = replace(result, divergences=())
     assert profile_lines(clean) == []
     assert divergence_profile(clean).divergent_positions == 0
+
+
+def test_the_near_tie_band_names_the_doctrine_that_made_it(tmp_path: Path) -> None:
+    """A profile under the evidence rule must not describe its near ties by the mnats alone:
+    the person reading it would take a 4-unit flip for a bug in the report."""
+    from dataclasses import replace
+
+    from gate.core.doctrine import Evidence
+
+    result = mixed_result(tmp_path)
+    plain = next(line for line in profile_lines(result) if line.startswith("By how much"))
+    assert "evidence rule" not in plain
+    ruled = replace(result, doctrine=replace(result.doctrine, evidence=Evidence(4, 2, 2)))
+    line = next(line for line in profile_lines(ruled) if line.startswith("By how much"))
+    assert "evidence rule: oracle gap <= 4, own margin <= 2, drift <= 2 units" in line

@@ -152,6 +152,12 @@ def profile_lines(result: GateResult) -> list[str]:
     b = p.bands
     ulps = result.doctrine.near_tie_ulps
     grid = f" or {ulps:g} grid steps" if ulps is not None else ""
+    ev = result.doctrine.evidence
+    if ev is not None:
+        grid += (
+            f", or by the evidence rule: oracle gap <= {ev.oracle_ulps:g}, own margin <= "
+            f"{ev.candidate_ulps:g}, drift <= {ev.drift_ulps:g} units"
+        )
     cost = ""
     if p.cost_mnats is not None:
         c = p.cost_mnats
