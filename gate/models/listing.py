@@ -12,6 +12,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from gate.core.files import file_sha256
 
@@ -56,3 +59,32 @@ def weight_files(folder: Path) -> list[str]:
 
 def tokenizer_files(folder: Path) -> list[str]:
     return sorted(name for name in TOKENIZER_FILES if (folder / name).is_file())
+
+
+def load_manifest(folder: Path, name: str, version_key: str, version: int) -> dict[str, Any] | str:
+    """The manifest file `name` that gate wrote into `folder` (its `version_key` equal to
+    `version`), or why it cannot be used."""
+    try:
+        manifest = orjson.loads((folder / name).read_bytes())
+    except FileNotFoundError:
+        return f"no {name}"
+    except (OSError, orjson.JSONDecodeError) as exc:
+        return f"unreadable {name}: {exc}"
+    if not isinstance(manifest, dict) or manifest.get(version_key) != version:
+        return f"{name} is not a version-{version} manifest"
+    return manifest
+
+
+def check_listed_files(folder: Path, name: str, manifest: dict[str, Any]) -> str | None:
+    """None when every file the manifest `name` lists is in `folder` with its sha256, else
+    the first that is not."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{name} lists no files"
+    for fname, expected in sorted(files.items()):
+        path = folder / fname
+        if not path.is_file():
+            return f"{fname} is missing"
+        if file_sha256(path) != expected:
+            return f"{fname} does not match its sha256"
+    return None

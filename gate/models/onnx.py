@@ -34,7 +34,8 @@ import orjson
 from gate.errors import EngineError, InputError
 from gate.models.default import MANIFEST as DEFAULT_MANIFEST
 from gate.models.default import _publish, gate_cache_dir
-from gate.models.hashing import file_sha256, listing_sha256, tokenizer_files, weight_files
+from gate.models.hashing import listing_sha256, tokenizer_files, weight_files
+from gate.models.listing import check_listed_files, load_manifest
 
 ONNX_MANIFEST = "gate-onnx-manifest.json"
 ONNX_MANIFEST_VERSION = 1
@@ -119,27 +120,13 @@ def onnx_model(
 
 def check_onnx_folder(folder: Path, *, source_weights_sha256: str | None = None) -> str | None:
     """None when `folder` holds an intact ONNX build (of those source weights), else why not."""
-    try:
-        manifest = orjson.loads((folder / ONNX_MANIFEST).read_bytes())
-    except FileNotFoundError:
-        return f"no {ONNX_MANIFEST}"
-    except (OSError, orjson.JSONDecodeError) as exc:
-        return f"unreadable {ONNX_MANIFEST}: {exc}"
-    if not isinstance(manifest, dict) or manifest.get("gate_onnx_manifest") != ONNX_MANIFEST_VERSION:
-        return f"{ONNX_MANIFEST} is not a version-{ONNX_MANIFEST_VERSION} manifest"
+    manifest = load_manifest(folder, ONNX_MANIFEST, "gate_onnx_manifest", ONNX_MANIFEST_VERSION)
+    if isinstance(manifest, str):
+        return manifest
     source = manifest.get("source") or {}
     if source_weights_sha256 is not None and source.get("weights_sha256") != source_weights_sha256:
         return "it was built from other weights than the source folder holds now"
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        return f"{ONNX_MANIFEST} lists no files"
-    for name, expected in sorted(files.items()):
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if file_sha256(path) != expected:
-            return f"{name} does not match its sha256"
-    return None
+    return check_listed_files(folder, ONNX_MANIFEST, manifest)
 
 
 def read_onnx_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
