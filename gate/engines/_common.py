@@ -9,6 +9,8 @@ import platform
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gate.core.engine import PromptInput
+from gate.core.trace import PromptRecord
 from gate.errors import InputError
 
 # One top-k list as the trace stores it: [token_id, logprob] pairs.
@@ -108,3 +110,25 @@ def host_platform() -> dict[str, str]:
         "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
     }
+
+
+def greedy_record(
+    prompt: PromptInput,
+    ids: Sequence[int],
+    tops: Sequence[Pairs] | None,
+    finish: str | None,
+    texts: Sequence[str] | None,
+    extra: Mapping[str, Any] | None = None,
+) -> PromptRecord:
+    """The record of one greedy run as every engine that decodes its own tokens writes it
+    (`tops` None: the engine gives no top-k)."""
+    return PromptRecord(
+        id=prompt.id,
+        prompt_token_ids=tuple(prompt.prompt_token_ids),
+        token_ids=tuple(ids),
+        top_logprobs=tops,
+        finish_reason=finish,
+        prompt=prompt.prompt,
+        tokens=tuple(texts) if texts is not None else None,
+        extra=dict(extra or {}),
+    )

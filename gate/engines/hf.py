@@ -45,6 +45,7 @@ from gate.engines._common import (
     TokenizerMethods,
     check_forced_ids,
     check_prompt_ids,
+    greedy_record,
     host_platform,
     sort_top,
 )
@@ -227,16 +228,8 @@ class HFEngine(TokenizerMethods):
                 if i + 1 < prompt.max_tokens:
                     logits, cache = self._decode(step.chosen, cache)
         texts = self.decode_tokens(ids)
-        return PromptRecord(
-            id=prompt.id,
-            prompt_token_ids=tuple(prompt.prompt_token_ids),
-            token_ids=tuple(ids),
-            top_logprobs=tops if top_k > 0 else None,
-            finish_reason=finish,
-            prompt=prompt.prompt,
-            tokens=tuple(texts) if texts is not None else None,
-            extra={"token_logits": logits_out, **self._routing_extra("")},
-        )
+        extra = {"token_logits": logits_out, **self._routing_extra("")}
+        return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts, extra)
 
     def _prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
         """One forward over the whole prompt. Returns (logits of the last position, shape

@@ -52,7 +52,7 @@ from llama_cpp import _internals
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.trace import PromptRecord
-from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, host_platform
+from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform
 from gate.engines._logits import top_k_pairs
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, find_gguf, read_manifest
@@ -366,15 +366,7 @@ class LlamaCppEngine:
                     self._decode([token], pos)
                     pos += 1
         texts = self.decode_tokens(ids)
-        return PromptRecord(
-            id=prompt.id,
-            prompt_token_ids=tuple(prompt.prompt_token_ids),
-            token_ids=tuple(ids),
-            top_logprobs=tops if self._has_top(top_k) else None,
-            finish_reason=finish,
-            prompt=prompt.prompt,
-            tokens=tuple(texts) if texts is not None else None,
-        )
+        return greedy_record(prompt, ids, tops if self._has_top(top_k) else None, finish, texts)
 
 
 _PREFLIGHT = """

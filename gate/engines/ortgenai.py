@@ -32,7 +32,7 @@ import onnxruntime_genai as og
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.trace import PromptRecord
-from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, host_platform
+from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform
 from gate.engines._logits import top_k_pairs
 from gate.errors import InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
@@ -207,15 +207,7 @@ class OrtGenAIEngine:
                 if gen.is_done():
                     break
         texts = self.decode_tokens(ids)
-        return PromptRecord(
-            id=prompt.id,
-            prompt_token_ids=tuple(prompt.prompt_token_ids),
-            token_ids=tuple(ids),
-            top_logprobs=tops if top_k > 0 else None,
-            finish_reason=finish,
-            prompt=prompt.prompt,
-            tokens=tuple(texts) if texts is not None else None,
-        )
+        return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts)
 
 
 def _version(metadata: Any, dist: str) -> str | None:
