@@ -57,7 +57,7 @@ class Variant:
     options: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     pins: str | None = None  # a pins dir under the study folder; None: the committed pin
-    expect: str = ""  # mutants: what the self-test requires (gate.core.selftest EXPECT_*)
+    expect: str = ""  # mutants: what the self-test requires (gate.core.calibration.selftest EXPECT_*)
 
 
 def _hf(name: str, what: str, **kw: Any) -> Variant:
@@ -153,8 +153,8 @@ def _machine() -> dict[str, Any]:
 
 
 def run_one(name: str, out: Path) -> int:
-    from gate.core.pins import load_pin
-    from gate.core.trace import Trace, TraceHeader, read_trace, write_trace
+    from gate.core.pins.pin import load_pin
+    from gate.core.traces.trace import Trace, TraceHeader, read_trace, write_trace
     from gate.engines.registry import load_engine
     from gate.workflows.run import force_diverged, run_candidate
 
@@ -221,7 +221,7 @@ def _fp32_opinion(v: Variant, pin: Any, out: Path, meta: dict[str, Any], t0: flo
     float32 (bf16 weights widened): its top-k at each position of the oracle's context."""
     from dataclasses import replace
 
-    from gate.core.trace import Trace, write_trace
+    from gate.core.traces.trace import Trace, write_trace
     from gate.engines.hf import HFEngine
     from gate.workflows.run import candidate_header
 
@@ -256,8 +256,8 @@ def _fp32_opinion(v: Variant, pin: Any, out: Path, meta: dict[str, Any], t0: flo
 def doctrines() -> list[tuple[str, Any]]:
     """The doctrines compared: fixed mnats, grid steps (beside the default 125 mnats, as the
     pin's `near_tie_ulps` is applied), and the evidence rule (the default pin's)."""
-    from gate.core.doctrine import Doctrine, Evidence
-    from gate.core.pins import load_pin
+    from gate.core.pins.pin import load_pin
+    from gate.core.verdict.doctrine import Doctrine, Evidence
 
     out: list[tuple[str, Any]] = [(f"{m} mnats", Doctrine(near_tie_mnats=float(m))) for m in (125, 250, 375, 500)]
     out += [(f"{u} steps", Doctrine(near_tie_ulps=float(u))) for u in (2, 3, 4, 5)]
@@ -281,7 +281,7 @@ def doctrines() -> list[tuple[str, Any]]:
 
 def judged(v: Variant, result: Any) -> tuple[bool, str]:
     """(as it should be, the cell): an honest variant must not fail; a mutant must be
-    classified as the self-test expects (`gate.core.selftest` EXPECT_*)."""
+    classified as the self-test expects (`gate.core.calibration.selftest` EXPECT_*)."""
     c = result.counts
     defects = c["defects"]
     if v.kind == HONEST:
@@ -301,7 +301,7 @@ def flip_evidence(result: Any, oracle: Any, floor_logit: float) -> tuple[float, 
     """Over a run's non-exact flips in the oracle's top-k: max u_o in the top logit's own
     grid steps, then max u_o, max u_c and max u_o + u_c in the evidence rule's units (the
     step at max(|top logit|, floor_logit))."""
-    from gate.core.grid import grid_step
+    from gate.core.verdict.grid import grid_step
 
     logits = {r.id: r.extra.get("token_logits") for r in oracle.records}
     raw, uo, uc, both = [0.0], [0.0], [0.0], [0.0]
@@ -340,11 +340,11 @@ def fp32_sides(result: Any, fp32: Any) -> str:
 
 
 def print_table(out: Path) -> int:
-    from gate.core.adjudicate import compare
-    from gate.core.doctrine import Doctrine, Evidence
-    from gate.core.machine import machine_key, machine_of
-    from gate.core.pins import load_pin
-    from gate.core.trace import read_trace
+    from gate.core.pins.pin import load_pin
+    from gate.core.traces.machine import machine_key, machine_of
+    from gate.core.traces.trace import read_trace
+    from gate.core.verdict.adjudicate import compare
+    from gate.core.verdict.doctrine import Doctrine, Evidence
 
     docs = doctrines()
     # Measures (in the pin's units: floor_logit 16), judges nothing.

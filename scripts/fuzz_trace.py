@@ -46,7 +46,7 @@ from trace_fuzzing import encode, mutate, valid_trace
 
 class Fuzz:
     def __init__(self, folder: Path, seconds: float) -> None:
-        from gate.core.trace import Trace, encode_trace, read_trace
+        from gate.core.traces.trace import Trace, encode_trace, read_trace
         from gate.errors import TraceError
 
         self._read, self._encode, self._trace_cls, self._error = read_trace, encode_trace, Trace, TraceError
@@ -118,7 +118,7 @@ def derived_candidate(oracle: Any, rnd: random.Random) -> Any:
     stranger, maybe cut short, maybe with forced data (which may disagree with the run)."""
     from dataclasses import replace
 
-    from gate.core.trace import PromptRecord
+    from gate.core.traces.trace import PromptRecord
 
     def perturbed(rec: Any) -> tuple[int, ...]:
         out = []
@@ -142,8 +142,8 @@ def derived_candidate(oracle: Any, rnd: random.Random) -> Any:
 
 def check_meaning(oracle: Any, rnd: random.Random) -> int:
     """Adjudicate a derived candidate; raise AssertionError if the verdict lies. Returns 1."""
-    from gate.core.adjudicate import compare
-    from gate.core.doctrine import Doctrine
+    from gate.core.verdict.adjudicate import compare
+    from gate.core.verdict.doctrine import Doctrine
     from gate.errors import InputError
 
     cand = derived_candidate(oracle, rnd)
@@ -225,7 +225,7 @@ def main() -> None:
             import atheris
 
             with atheris.instrument_imports(include=["gate"]):
-                import gate.core.trace  # noqa: F401
+                import gate.core.traces.trace  # noqa: F401
             fuzz = Fuzz(folder, args.seconds)
             print(f"fuzz_trace: atheris for {args.seconds:.0f} s", file=sys.stderr)
             run_atheris(fuzz, args.seed, folder, args.libfuzzer_args)

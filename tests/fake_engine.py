@@ -29,7 +29,7 @@ Options (`--engine-opt key=value`, all strings as the CLI gives them):
   nondeterministic  token | logprob: from its second generation of a prompt on, the engine
                   breaks ties toward the highest id, or shifts one logprob by 1e-6 nats
   hardware        a torch CPU capability (e.g. AVX2) info() reports as the machine it ran on
-                  (`gate.core.machine`; default: none reported)
+                  (`gate.core.traces.machine`; default: none reported)
 
 Environment (read when the engine is built, so a resumed run keeps the same options):
   GATE_FAKE_INTERRUPT_AFTER  N: raise KeyboardInterrupt (a Ctrl-C) before the (N+1)-th prompt
@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 
 VOCAB = 40
 BOS = 1
@@ -111,7 +111,7 @@ def model_folder(model: str) -> str:
     gate's cache would hold it, as it holds the default model."""
     if os.path.isabs(model):
         return model
-    from gate.models.default import gate_cache_dir
+    from gate.core.storage.files import gate_cache_dir
 
     return str(gate_cache_dir() / "models" / model.replace("/", "--"))
 

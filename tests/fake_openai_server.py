@@ -333,10 +333,10 @@ def write_fake_pin(
     """A pin folder under `root` whose oracle is `fake` (the model this server serves), so
     `gate run --engine openai` can gate the server without any real model. Returns the
     pin file. The prompts are text; their pinned token ids are the text's bytes."""
-    from gate.core.oracle_settings import OracleSettings
-    from gate.core.pins import folder_for_writing, oracle_header, write_pin
-    from gate.core.suite import parse_suite
-    from gate.core.trace import PromptRecord, Trace
+    from gate.core.pins.oracle_settings import OracleSettings
+    from gate.core.pins.pin import folder_for_writing, oracle_header, write_pin
+    from gate.core.pins.suite import parse_suite
+    from gate.core.traces.trace import PromptRecord, Trace
 
     fake = fake or FakeModel()
     rows = [{"id": f"p{i}", "text": f"fake prompt {i}: " + "x" * i, "max_tokens": max_tokens} for i in range(n)]
@@ -350,7 +350,12 @@ def write_fake_pin(
         records.append(PromptRecord(sp.id, prompt, tuple(ids), tops, "length", prompt=sp.text))
     settings = OracleSettings(model=model, engine="vllm", max_tokens=max_tokens, top_k=top_k)
     header = oracle_header(
-        model=model, info={"name": "fake-oracle", "version": "0"}, settings=settings, suite=suite, top_k=top_k
+        model=model,
+        info={"name": "fake-oracle", "version": "0"},
+        settings=settings,
+        suite=suite,
+        top_k=top_k,
+        software={},
     )
     folder = folder_for_writing(model, root)
     write_pin(folder, suite, settings, Trace(header, tuple(records)), force=False)

@@ -21,8 +21,11 @@ from trace_builders import (
     write_pair,
 )
 
-import gate.core.adjudicate as adjudicate
-from gate.core.adjudicate import (
+import gate.core.verdict.adjudicate as adjudicate
+from gate.core.traces.trace import read_trace
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import (
     DEFECT,
     EXACT_TIE,
     FAIL,
@@ -33,10 +36,7 @@ from gate.core.adjudicate import (
     STRICT_PASS,
     Divergence,
     GateResult,
-    compare,
 )
-from gate.core.doctrine import Doctrine
-from gate.core.trace import read_trace
 from gate.errors import InputError
 
 SEED_SUMMARY = "6/7 prompts strict 16/16, 108/112 positions; 7/7 ratified (1 exact tie, 0 near ties, 0 defects)"

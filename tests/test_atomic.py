@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from gate.core import atomic
-from gate.core.atomic import atomic_write, clean_stale_temps
+from gate.core.storage import atomic
+from gate.core.storage.atomic import atomic_write, clean_stale_temps
 from gate.errors import InputError
 
 OLD = b"old pin\n" * 1000

@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from gate.cli.main import app, main
-from gate.core.adjudicate import compare
-from gate.core.calibrate import attach_calibration, calibrate
-from gate.core.calibration import CALIBRATION_META_KEY, Distribution, Histogram
-from gate.core.recommend import Pairs, contender_bound, recommend
-from gate.core.trace import PromptRecord, Trace, TraceHeader, write_trace
+from gate.core.calibration.calibrate import attach_calibration, calibrate
+from gate.core.calibration.recommend import Pairs, contender_bound, recommend
+from gate.core.calibration.stats import CALIBRATION_META_KEY, Distribution, Histogram
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, write_trace
+from gate.core.verdict.adjudicate import compare
 from gate.errors import InputError
 
 Top = list[list[Any]]
@@ -390,7 +390,7 @@ def test_calibrate_runs_the_candidate_over_the_pin(
     assert live["drift"]["chosen_abs_delta_mnats"]["max"] > 0.0  # float32 is not bf16
     assert live["oracle_top2_gaps"]["within_steps"] is not None  # the HF pin records raw logits
     assert "recommended doctrine: --near-tie-mnats" in out.err
-    from gate.core.pins import load_pin
+    from gate.core.pins.pin import load_pin
 
     pin_path = load_pin(MODEL, pins).folder.pin_path
     with pytest.raises(SystemExit) as exc:

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from gate.core.trace import read_trace
+from gate.core.traces.trace import read_trace
 from gate.models import hashing
 from gate.models.default import (
     DEFAULT_FOLDER,

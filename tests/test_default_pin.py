@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from gate_cli import invoke
 
-from gate.core.adjudicate import compare
-from gate.core.doctrine import header_doctrine, resolve_doctrine
-from gate.core.machine import machine_key, machine_of
-from gate.core.pin_diff import diff_pins, exact_top2_ties
-from gate.core.pins import load_pin
-from gate.core.trace import read_trace
+from gate.core.pins.diff import diff_pins, exact_top2_ties
+from gate.core.pins.pin import load_pin
+from gate.core.traces.machine import machine_key, machine_of
+from gate.core.traces.trace import read_trace
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
 from gate.models.default import DEFAULT_FOLDER
 
 pytest.importorskip("transformers")
@@ -177,9 +177,9 @@ def _subset_pin(root: Path, ids: list[str]) -> Path:
     prompts takes many minutes on two cores."""
     from dataclasses import replace
 
-    from gate.core.pins import PinFolder, write_pin
-    from gate.core.suite import Suite
-    from gate.core.trace import Trace
+    from gate.core.pins.pin import PinFolder, write_pin
+    from gate.core.pins.suite import Suite
+    from gate.core.traces.trace import Trace
 
     pin = load_pin(DEFAULT, DEFAULT_PINS)
     suite = Suite(prompts=tuple(p for p in pin.suite if p.id in ids))

@@ -14,10 +14,10 @@ pytest.importorskip("transformers")
 
 from tiny_models import EOS_ID, TIE_HIGH, TIE_LOW  # noqa: E402
 
-from gate.core.adjudicate import compare  # noqa: E402
-from gate.core.doctrine import Doctrine  # noqa: E402
 from gate.core.engine import Engine, PromptInput  # noqa: E402
-from gate.core.trace import PromptRecord, Trace, TraceHeader, check_top_logprobs, read_trace, write_trace  # noqa: E402
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, check_top_logprobs, read_trace, write_trace  # noqa: E402
+from gate.core.verdict.adjudicate import compare  # noqa: E402
+from gate.core.verdict.doctrine import Doctrine  # noqa: E402
 from gate.engines.hf import HFEngine, top_k_pairs  # noqa: E402
 from gate.errors import InputError, TraceError  # noqa: E402
 

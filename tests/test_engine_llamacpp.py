@@ -16,9 +16,9 @@ pytest.importorskip("gguf")
 from gate_cli import invoke
 from tiny_gguf import BOS_ID, TIE_HIGH, TIE_LOW, build_tie_gguf
 
-from gate.core.adjudicate import compare
 from gate.core.engine import PromptInput
-from gate.core.trace import PromptRecord, Trace, TraceHeader
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
+from gate.core.verdict.adjudicate import compare
 from gate.engines.llamacpp import LlamaCppEngine
 from gate.errors import EngineError, InputError
 
@@ -114,7 +114,7 @@ def test_the_context_limit_is_an_input_error(greedy: LlamaCppEngine) -> None:
 
 
 def test_provenance_names_the_gguf_and_the_build(greedy: LlamaCppEngine, tie_gguf: Path) -> None:
-    from gate.models.hashing import file_sha256
+    from gate.core.storage.files import file_sha256
 
     info = greedy.info()
     assert info["gguf_sha256"] == file_sha256(tie_gguf)
@@ -131,7 +131,7 @@ def test_a_trace_header_names_the_gguf_without_this_machines_folders(
     from types import SimpleNamespace
     from typing import cast
 
-    from gate.core.pins import Pin
+    from gate.core.pins.pin import Pin
     from gate.workflows.run import candidate_header
 
     monkeypatch.setenv("HOME", str(tie_gguf.parent.parent))
@@ -232,7 +232,7 @@ def default_q4() -> Iterator[LlamaCppEngine]:
 def test_the_default_gguf_tokenizes_every_pinned_prompt_as_the_pin(default_q4: LlamaCppEngine) -> None:
     """llama.cpp's tokenizer and the GGUF's chat template give the pin's prompt ids (text
     and chat prompts), and the default pin was dequantised from this very file."""
-    from gate.core.pins import load_pin
+    from gate.core.pins.pin import load_pin
     from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
 
     pin = load_pin(default_q4.model_id, Path(__file__).parent.parent / "oracle_pins")

@@ -21,10 +21,10 @@ from fake_openai_server import FakeModel, FakeOpenAIServer, Reply
 from typer.testing import CliRunner
 
 from gate.cli.main import app
-from gate.core.adjudicate import compare
-from gate.core.engine import Engine, ForcedDecode, PromptInput
-from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
-from gate.engines.openai import ForcedDecodeUnavailable, OpenAIEngine
+from gate.core.engine import Engine, ForcedDecode, ForcedDecodeUnavailable, PromptInput
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+from gate.core.verdict.adjudicate import compare
+from gate.engines.openai import OpenAIEngine
 from gate.engines.registry import load_engine
 from gate.errors import EngineError, InputError
 

@@ -15,9 +15,9 @@ pytest.importorskip("onnxruntime_genai")
 
 from gate_cli import invoke
 
-from gate.core.adjudicate import compare
 from gate.core.engine import PromptInput
-from gate.core.trace import Trace, TraceHeader
+from gate.core.traces.trace import Trace, TraceHeader
+from gate.core.verdict.adjudicate import compare
 from gate.errors import InputError
 from gate.models.onnx import ONNX_MANIFEST, check_onnx_folder, onnx_model, write_manifest
 
@@ -147,7 +147,7 @@ def test_the_runtime_breaks_exact_ties_toward_the_lowest_id(tie_onnx: object, ti
 
 @pytest.mark.slow
 def test_a_header_names_the_onnx_build_by_gates_cache(tie_onnx: object) -> None:
-    from gate.core.files import portable
+    from gate.core.storage.files import portable
 
     said = portable(tie_onnx.info())  # type: ignore[attr-defined]
     assert said["onnx_model_dir"].startswith("$GATE_CACHE/models/"), said["onnx_model_dir"]
@@ -194,7 +194,7 @@ def default_fp32() -> Iterator[object]:
 
 @pytest.mark.slow
 def test_the_default_build_tokenizes_every_pinned_prompt_as_the_pin(default_fp32: object) -> None:
-    from gate.core.pins import load_pin
+    from gate.core.pins.pin import load_pin
     from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
     from gate.workflows.provenance import model_hashes
 

@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from gate.core.adjudicate import compare  # noqa: E402
 from gate.core.engine import Engine, PromptInput  # noqa: E402
-from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace  # noqa: E402
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace  # noqa: E402
+from gate.core.verdict.adjudicate import compare  # noqa: E402
 from gate.errors import InputError  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, NEAR_TIE, classify, compare, grid_step
-from gate.core.doctrine import Doctrine, Evidence
-from gate.core.evidence import (
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
+from gate.core.verdict.adjudicate import classify, compare
+from gate.core.verdict.doctrine import Doctrine, Evidence
+from gate.core.verdict.evidence import (
     FORCED_TOP_KEY,
     MIN_DRIFT_POSITIONS,
     aligned_tops,
@@ -23,7 +24,8 @@ from gate.core.evidence import (
     summarise,
     swing,
 )
-from gate.core.trace import PromptRecord, Trace, TraceHeader
+from gate.core.verdict.grid import grid_step
+from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE
 from gate.errors import InputError
 
 STEP = 0.125  # bf16 at |logit| 16-32

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.core.adjudicate import compare
-from gate.core.doctrine import Doctrine
-from gate.core.trace import Trace, encode_record, encode_trace, read_trace
+from gate.core.traces.trace import Trace, encode_record, encode_trace, read_trace
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import Doctrine
 from gate.errors import GateError, TraceError
 
 sys.path.insert(0, str(Path(__file__).parent))

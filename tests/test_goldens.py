@@ -27,9 +27,8 @@ from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.core.doctrine import Doctrine
-from gate.core.files import file_sha256
-from gate.core.golden_moves import (
+from gate.core.goldens.golden import accepted_golden, engine_key, golden_header, golden_path, option_changes
+from gate.core.goldens.moves import (
     NEAR_TIE_FLIP,
     REAL_CHANGE,
     TIE_BREAK,
@@ -39,11 +38,12 @@ from gate.core.golden_moves import (
     first_move,
     judge_move,
 )
-from gate.core.goldens import accepted_golden, engine_key, golden_header, golden_path, option_changes
-from gate.core.machine import machine_key, machine_of
-from gate.core.pin_diff import exact_top2_ties
-from gate.core.pins import Pin, load_pin
-from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+from gate.core.pins.diff import exact_top2_ties
+from gate.core.pins.pin import Pin, load_pin
+from gate.core.storage.files import file_sha256
+from gate.core.traces.machine import machine_key, machine_of
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 
 PROMPT = (11, 12, 13)
@@ -744,7 +744,7 @@ def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_
     """`gate goldens check` passes on the committed goldens of the embedded default and fails,
     with the tie-break label, under `--engine-opt tie_break=highest`.
 
-    A golden belongs to the hardware that recorded it (`gate.core.machine`): on the same
+    A golden belongs to the hardware that recorded it (`gate.core.traces.machine`): on the same
     machine key nothing may move; on another, honest numbers move by a grid step here and
     there, and every move must be within the pin's doctrine (exit 0, "moved on another
     machine, within the doctrine").

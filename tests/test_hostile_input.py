@@ -53,7 +53,7 @@ def test_the_role_message_reads_a_candidate(files: Files) -> None:
 
 
 def test_a_killed_writer_s_temp_file_goes_at_the_next_write_in_its_folder(tmp_path: Path) -> None:
-    from gate.core.atomic import atomic_write
+    from gate.core.storage.atomic import atomic_write
 
     # What a SIGKILLed write of report.json leaves: its full-size temp file, unlocked.
     stale = tmp_path / ".report.json.0123456789ab.tmp"
@@ -186,7 +186,7 @@ def test_a_plausible_logit_never_widens_a_grid_step_past_the_cap(files: Files) -
 
 
 def test_the_grid_step_is_capped() -> None:
-    from gate.core.adjudicate import MAX_GRID_LOGIT, grid_step
+    from gate.core.verdict.grid import MAX_GRID_LOGIT, grid_step
 
     assert grid_step(MAX_GRID_LOGIT * 8, "bfloat16") == grid_step(MAX_GRID_LOGIT * 0.99, "bfloat16") == 0.5
     assert grid_step(1e30, "float16") == 2.0**-4
@@ -376,7 +376,7 @@ def test_merge_output_dash_is_stdout(files: Files, tmp_path: Path, monkeypatch: 
 def test_a_huge_shard_count_is_refused_at_once(files: Files, n: int) -> None:
     import time
 
-    from gate.core.shards import shard_of
+    from gate.core.traces.shards import shard_of
 
     # A shard trace that holds just its own prompt, so nothing else stops the merge early:
     # it used to list the N - 1 missing shards, allocating until memory ran out.
@@ -390,7 +390,7 @@ def test_a_huge_shard_count_is_refused_at_once(files: Files, n: int) -> None:
 
 
 def test_a_shard_option_with_a_huge_count_is_refused() -> None:
-    from gate.core.shards import MAX_SHARDS, parse_shard
+    from gate.core.traces.shards import MAX_SHARDS, parse_shard
     from gate.errors import InputError
 
     assert parse_shard(f"1/{MAX_SHARDS}") == (1, MAX_SHARDS)
@@ -479,8 +479,8 @@ RAW = ("\x1b", "\u202e", "\r", "\x9b", "\x07", "\u2066")
 
 
 def _evil_result(tmp_path: Path) -> Any:
-    from gate.core.adjudicate import compare as adjudicate
-    from gate.core.trace import read_trace
+    from gate.core.traces.trace import read_trace
+    from gate.core.verdict.adjudicate import compare as adjudicate
 
     oracle, cand = oracle_lines(), candidate_lines()
     oracle[1]["id"] = cand[1]["id"] = EVIL_ID

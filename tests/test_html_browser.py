@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from trace_builders import SEED_CANDIDATE, SEED_ORACLE, mixed_result
 
-from gate.core.adjudicate import compare
-from gate.core.trace import read_trace
+from gate.core.traces.trace import read_trace
+from gate.core.verdict.adjudicate import compare
 from gate.reports.html import render_html
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from gate.core.doctrine import Doctrine, Evidence
-from gate.core.evidence import RunDrift
-from gate.core.golden_moves import NEAR_TIE_FLIP, REAL_CHANGE, TIE_BREAK, GoldenMove, GoldensResult, judge_move
-from gate.core.machine import describe, machine_key, machine_of, same_machine
-from gate.core.trace import PromptRecord
+from gate.core.goldens.moves import NEAR_TIE_FLIP, REAL_CHANGE, TIE_BREAK, GoldenMove, GoldensResult, judge_move
+from gate.core.traces.machine import describe, machine_key, machine_of, same_machine
+from gate.core.traces.trace import PromptRecord
+from gate.core.verdict.doctrine import Doctrine, Evidence
+from gate.core.verdict.evidence import RunDrift
 
 AVX512 = {
     "device_type": "cpu",
@@ -121,8 +121,8 @@ def test_a_capped_onednn_is_another_kernel_path() -> None:
 
 
 def test_a_re_recorded_pin_says_where_and_is_judged_by_the_doctrine() -> None:
-    from gate.core.pin_diff import rerecord_lines
-    from gate.core.trace import Trace, TraceHeader
+    from gate.core.pins.diff import rerecord_lines
+    from gate.core.traces.trace import Trace, TraceHeader
 
     def pin(hardware: dict[str, Any], second: list[list[Any]], token: int) -> Trace:
         rec = PromptRecord(

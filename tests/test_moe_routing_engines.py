@@ -25,11 +25,12 @@ from tiny_models import (  # noqa: E402
     tiny_mixtral,
 )
 
-from gate.core.adjudicate import GateResult, compare  # noqa: E402
 from gate.core.engine import PromptInput  # noqa: E402
-from gate.core.moe import ROUTER_TOP  # noqa: E402
-from gate.core.routing import attribute_routing, oracle_routing  # noqa: E402
-from gate.core.trace import PromptRecord, Trace, TraceHeader  # noqa: E402
+from gate.core.traces.moe import ROUTER_TOP  # noqa: E402
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader  # noqa: E402
+from gate.core.verdict.adjudicate import compare  # noqa: E402
+from gate.core.verdict.result import GateResult  # noqa: E402
+from gate.core.verdict.routing import attribute_routing, oracle_routing  # noqa: E402
 from gate.workflows.engine_calls import force_along  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -233,7 +234,7 @@ def gate_run(pins: Path, model: Path, *opts: str) -> dict[str, Any]:
 def test_vllm_pin_records_routing_and_gate_run_attributes_the_planted_tie(
     moe_pin: Path, qwen3_moe_tie_path: Path
 ) -> None:
-    from gate.core.trace import read_trace
+    from gate.core.traces.trace import read_trace
 
     pin = read_trace(moe_pin / "tiny" / "moe-tie" / "pin.jsonl", role="oracle")  # the reader validates routing
     assert pin.header.extra["moe"] == {"layers": [0, 1], "top_k": 2, "num_experts": 4, "source": "vllm_router_capture"}

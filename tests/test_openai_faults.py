@@ -17,8 +17,8 @@ from gate_cli import invoke
 from typer.testing import Result
 from vllm_server import free_port
 
-from gate.core.engine import PromptInput
-from gate.engines.openai import ForcedDecodeUnavailable, OpenAIEngine
+from gate.core.engine import ForcedDecodeUnavailable, PromptInput
+from gate.engines.openai import OpenAIEngine
 from gate.errors import EngineError, InputError
 
 KEY_ENV = "GATE_TEST_OPENAI_KEY"

@@ -36,8 +36,8 @@ def _selftest(monkeypatch: pytest.MonkeyPatch, toy: dict[str, Any]) -> list[str]
     pytest.importorskip("torch")
     import gate.engines.mutants as mutants
     import gate.workflows.selftest as selftest
-    from gate.core.doctrine import Doctrine
-    from gate.core.selftest import SelfTestResult, Verdict
+    from gate.core.calibration.selftest import SelfTestResult, Verdict
+    from gate.core.verdict.doctrine import Doctrine
 
     verdict = Verdict("strict_pass", "all strict", {}, {}, None)
     canned = SelfTestResult("toy/model", "fake 1", Doctrine(), 6, 72, 0, verdict, (), 0.1)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake, toy_pin_folder, write_jsonl
 
-from gate.core.oracle_settings import OracleSettings, read_settings
-from gate.core.pin_diff import diff_pins, exact_top2_ties
-from gate.core.pins import check_model_id, find_folder, load_pin, pin_folder, search_roots
-from gate.core.trace import PromptRecord, Trace, TraceHeader, read_trace
+from gate.core.pins.diff import diff_pins, exact_top2_ties
+from gate.core.pins.oracle_settings import OracleSettings, read_settings
+from gate.core.pins.pin import check_model_id, find_folder, load_pin, pin_folder, search_roots
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace
 from gate.errors import InputError, PinError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ import pytest
 from fake_openai_server import write_fake_pin
 from gate_cli import invoke
 
-from gate.core.trace import read_trace
+from gate.core.traces.trace import read_trace
 from gate.engines import registry
 from gate.errors import InputError
 

@@ -20,7 +20,7 @@ from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate.core.files import CACHE_MARK, HOME_MARK, local_places, portable, portable_path
+from gate.core.storage.files import CACHE_MARK, HOME_MARK, local_places, portable, portable_path
 
 
 def strings(value: Any) -> Iterator[str]:
@@ -221,9 +221,9 @@ def test_the_hf_engines_headers_name_no_folder_of_this_machine(machine: dict[str
 
 
 def test_a_merged_trace_names_its_shards_without_this_machines_folders(machine: dict[str, Path]) -> None:
-    from gate.core.pins import load_pin
-    from gate.core.shards import merge_traces
-    from gate.core.trace import Trace
+    from gate.core.pins.pin import load_pin
+    from gate.core.traces.shards import merge_traces
+    from gate.core.traces.trace import Trace
 
     m = machine
     record_toy_pin(m["pins"])

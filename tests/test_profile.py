@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 from trace_builders import mixed_result
 
-from gate.core.doctrine import Doctrine
+from gate.core.verdict.doctrine import Doctrine
 from gate.reports.json_report import render_json
 from gate.reports.markdown import render_markdown
 from gate.reports.profile import divergence_profile, profile_lines
@@ -63,7 +63,7 @@ def test_the_near_tie_band_names_the_doctrine_that_made_it(tmp_path: Path) -> No
     the person reading it would take a 4-unit flip for a bug in the report."""
     from dataclasses import replace
 
-    from gate.core.doctrine import Evidence
+    from gate.core.verdict.doctrine import Evidence
 
     result = mixed_result(tmp_path)
     plain = next(line for line in profile_lines(result) if line.startswith("By how much"))

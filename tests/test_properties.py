@@ -11,9 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, FAIL, NEAR_TIE, RATIFIED_PASS, STRICT_PASS, classify, compare
-from gate.core.doctrine import Doctrine
-from gate.core.trace import (
+from gate.core.traces.trace import (
     PromptRecord,
     TopLogprobs,
     Trace,
@@ -23,6 +21,9 @@ from gate.core.trace import (
     read_trace,
     write_trace,
 )
+from gate.core.verdict.adjudicate import classify, compare
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import DEFECT, EXACT_TIE, FAIL, NEAR_TIE, RATIFIED_PASS, STRICT_PASS
 from gate.errors import TraceError
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gate_cli import register_fake, run_fake
 
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 from gate.workflows.run import nondeterminism
 
 

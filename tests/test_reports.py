@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 from trace_builders import mixed_result
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, Divergence, GateResult, PromptResult
-from gate.core.doctrine import Doctrine
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import DEFECT, EXACT_TIE, Divergence, GateResult, PromptResult
 from gate.reports import render
 from gate.reports.html import bars_from_values, render_html
 from gate.reports.junit import render_junit
@@ -279,8 +279,8 @@ def _unused(d: Divergence) -> None:  # keeps the import honest for type checkers
 def test_gaps_in_grid_steps_when_the_oracle_has_raw_logits(tmp_path: Path) -> None:
     from trace_builders import mixed_records, write_pair
 
-    from gate.core.adjudicate import compare
-    from gate.core.trace import read_trace
+    from gate.core.traces.trace import read_trace
+    from gate.core.verdict.adjudicate import compare
 
     oracle, cand = mixed_records()
     near = next(r for r in oracle if r["id"] == "near")

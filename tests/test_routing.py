@@ -9,10 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gate.core.adjudicate import EXACT_TIE, FORCED, FREE_RUN, compare
-from gate.core.doctrine import Doctrine
-from gate.core.routing import attribute_routing, oracle_routing
-from gate.core.trace import read_trace
+from gate.core.traces.trace import read_trace
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import EXACT_TIE, FORCED, FREE_RUN
+from gate.core.verdict.routing import attribute_routing, oracle_routing
 from gate.errors import InputError, TraceError
 from gate.reports.json_report import render_json
 from gate.reports.markdown import render_markdown

@@ -19,11 +19,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from gate.core.adjudicate import compare
-from gate.core.doctrine import Doctrine
-from gate.core.pin_diff import exact_top2_ties
-from gate.core.pins import load_pin
-from gate.core.selftest import (
+from gate.core.calibration.selftest import (
     CAUGHT,
     EXPECT_DEFECT,
     UNCHANGED,
@@ -31,6 +27,10 @@ from gate.core.selftest import (
     changed_positions,
     judge,
 )
+from gate.core.pins.diff import exact_top2_ties
+from gate.core.pins.pin import load_pin
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 from gate.workflows.selftest import run_selftest
 
@@ -132,7 +132,7 @@ def test_a_gate_that_ignored_forced_data_would_be_missed(selftest: SelfTestResul
 
 
 def test_judge_without_changes() -> None:
-    from gate.core.adjudicate import GateResult
+    from gate.core.verdict.result import GateResult
 
     empty = GateResult(doctrine=GRID_DOCTRINE, prompts=(), divergences=())
     assert judge("caught", 0, empty)[:2] == (UNCHANGED, True)

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from gate.cli.main import main
-from gate.core.shards import merge_traces, parse_shard, select_shard, shard_of
-from gate.core.trace import PromptRecord, Trace, TraceHeader, encode_trace, read_trace
+from gate.core.traces.shards import merge_traces, parse_shard, select_shard, shard_of
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace, read_trace
 from gate.errors import InputError
 
 IDS = [f"prompt-{i:03d}" for i in range(40)]
@@ -36,7 +36,7 @@ PINNED_4 = [4, 1, 2, 3, 4, 1]
 
 
 def test_shard_of_is_the_same_in_another_process() -> None:
-    code = "from gate.core.shards import shard_of; print([shard_of(f'prompt-{i:03d}', 7) for i in range(40)])"
+    code = "from gate.core.traces.shards import shard_of; print([shard_of(f'prompt-{i:03d}', 7) for i in range(40)])"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -365,8 +365,8 @@ def test_gate_merge_against_the_pins_suite(tmp_path: Path, shard_files: list[Pat
 
 
 def test_gate_merge_against_a_changed_suite(tmp_path: Path) -> None:
-    from gate.core.oracle_settings import read_settings
-    from gate.core.pins import find_folder, load_suite
+    from gate.core.pins.oracle_settings import read_settings
+    from gate.core.pins.pin import find_folder, load_suite
 
     pins = tmp_path / "pins"
     _pin_folder(pins, IDS)

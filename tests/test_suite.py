@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate.core.suite import Suite, SuitePrompt, parse_suite, read_suite
+from gate.core.pins.suite import Suite, SuitePrompt, parse_suite, read_suite
 from gate.errors import InputError
 
 GOOD: list[dict[str, Any]] = [

@@ -14,7 +14,7 @@ import pytest
 from gate_cli import invoke
 from trace_builders import candidate_record, filler, header, oracle_record, position, write_jsonl
 
-from gate.core.trace import (
+from gate.core.traces.trace import (
     PromptRecord,
     TopLogprobs,
     Trace,

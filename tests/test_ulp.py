@@ -13,9 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from gate.cli.main import app
-from gate.core.adjudicate import DEFECT, EXACT_TIE, NEAR_TIE, classify, compare, grid_step, logprob_slack
-from gate.core.doctrine import Doctrine
-from gate.core.trace import PromptRecord, Trace, TraceHeader
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
+from gate.core.verdict.adjudicate import classify, compare
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.grid import grid_step, logprob_slack
+from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE
 from gate.errors import InputError
 
 # dtype -> stored mantissa bits (the step at |x| in [2**e, 2**(e+1)) is 2**(e - bits)).

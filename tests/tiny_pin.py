@@ -34,9 +34,9 @@ def build_tiny_pin(root: Path) -> tuple[Path, Path]:
     """(weights folder, pins root) with a recorded pin of MODEL under root."""
     from tiny_models import build_tiny_llama
 
-    from gate.core.oracle_settings import OracleSettings
-    from gate.core.pins import PinFolder, write_pin
-    from gate.core.suite import Suite, SuitePrompt
+    from gate.core.pins.oracle_settings import OracleSettings
+    from gate.core.pins.pin import PinFolder, write_pin
+    from gate.core.pins.suite import Suite, SuitePrompt
     from gate.engines.hf import HFEngine
     from gate.workflows.pin_record import record_oracle
 

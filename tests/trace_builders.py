@@ -12,9 +12,10 @@ from typing import Any
 
 import orjson
 
-from gate.core.adjudicate import GateResult, compare
-from gate.core.doctrine import Doctrine
-from gate.core.trace import read_trace
+from gate.core.traces.trace import read_trace
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import GateResult
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SEED_ORACLE = SHARED / "spec" / "examples" / "seed-oracle.jsonl"

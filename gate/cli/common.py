@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
 
     from gate.core.engine import Engine
-    from gate.core.pins import Pin
+    from gate.core.pins.pin import Pin
 
 
 def stderr_console() -> Console:

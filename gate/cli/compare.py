@@ -22,9 +22,9 @@ def compare_files(
     force: bool,
 ) -> int:
     from gate.cli.output import emit, refuse_overwrite
-    from gate.core.adjudicate import compare
-    from gate.core.doctrine import header_doctrine, resolve_doctrine
-    from gate.core.trace import read_trace
+    from gate.core.traces.trace import read_trace
+    from gate.core.verdict.adjudicate import compare
+    from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
     from gate.reports import check_format
 
     fmt = check_format("GateResult", fmt)
@@ -39,7 +39,7 @@ def compare_files(
         near_tie_ulps=near_tie_ulps,
         source=f"the pin's ({oracle})",
     )
-    from gate.core.routing import attribute_routing
+    from gate.core.verdict.routing import attribute_routing
 
     result = attribute_routing(compare(o, c, doctrine), o, c)
     emit(result, fmt, output, force=force)

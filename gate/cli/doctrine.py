@@ -16,12 +16,12 @@ import typer
 from gate.cli import options
 
 if TYPE_CHECKING:
-    from gate.core.pins import Pin
-    from gate.core.trace import Trace
+    from gate.core.pins.pin import Pin
+    from gate.core.traces.trace import Trace
 
 
 def _load_pin(model: str | None, pins_dir: Path | None) -> Pin:
-    from gate.core.pins import load_pin
+    from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL
 
     return load_pin(model or DEFAULT_MODEL, pins_dir)
@@ -58,9 +58,9 @@ def calibrate_command(
 ) -> int:
     from gate.cli.common import parse_engine_opts
     from gate.cli.output import emit, refuse_overwrite, say
-    from gate.core.calibrate import calibrate
-    from gate.core.doctrine import header_doctrine, resolve_doctrine
-    from gate.core.trace import read_trace, write_trace
+    from gate.core.calibration.calibrate import calibrate
+    from gate.core.traces.trace import read_trace, write_trace
+    from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
     from gate.errors import InputError
     from gate.reports import check_format
 
@@ -116,11 +116,11 @@ def selftest_command(
 ) -> int:
     from gate.cli.common import ProgressBar, parse_engine_opts, progress_bar
     from gate.cli.output import emit, refuse_overwrite, say
-    from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
-    from gate.core.selftest import SELFTEST_NEAR_TIE_ULPS
+    from gate.core.calibration.selftest import SELFTEST_NEAR_TIE_ULPS
+    from gate.core.pins.pin import doctrine_for
+    from gate.core.verdict.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
     from gate.engines.mutants import baseline_loader, mutations
     from gate.reports import check_format
-    from gate.workflows.run import doctrine_for
     from gate.workflows.selftest import run_selftest
 
     fmt = check_format("SelfTestResult", fmt)

@@ -2,7 +2,7 @@
 goldens/<org>/<model>/<engine>.jsonl, and the proof that a change to the engine is inert
 (or the list of every golden it moves, each with its cause).
 
-The work is `gate.workflows.goldens` (files and judging: `gate.core.goldens`); the reports
+The work is `gate.workflows.goldens` (files and judging: `gate.core.goldens.golden`); the reports
 are `gate.reports.goldens`. This module parses options and hands the report to the output sink.
 """
 
@@ -36,12 +36,12 @@ def record_goldens(
 ) -> int:
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
     from gate.cli.output import refuse_overwrite, say
-    from gate.core.atomic import atomic_write
-    from gate.core.doctrine import Doctrine
-    from gate.core.golden_moves import find_moves, goldens_summary
-    from gate.core.goldens import DEFAULT_ENGINE, check_golden_against_pin, encode_golden, path_for_writing
-    from gate.core.pins import load_pin
-    from gate.core.trace import read_trace
+    from gate.core.goldens.golden import DEFAULT_ENGINE, check_golden_against_pin, encode_golden, path_for_writing
+    from gate.core.goldens.moves import find_moves, goldens_summary
+    from gate.core.pins.pin import load_pin
+    from gate.core.storage.atomic import atomic_write
+    from gate.core.traces.trace import read_trace
+    from gate.core.verdict.doctrine import Doctrine
     from gate.errors import InputError
     from gate.workflows.engine_calls import open_engine
     from gate.workflows.goldens import record_golden
@@ -74,7 +74,7 @@ def record_goldens(
     if old is not None:
         try:
             check_golden_against_pin(old, pin)
-            from gate.core.golden_moves import GoldensResult
+            from gate.core.goldens.moves import GoldensResult
 
             moves = find_moves(old, trace, pin.trace, Doctrine())
             result = GoldensResult(
@@ -122,16 +122,21 @@ def check_goldens(
 
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
     from gate.cli.output import emit, refuse_overwrite
-    from gate.core.atomic import atomic_write
-    from gate.core.files import display_path
-    from gate.core.goldens import DEFAULT_ENGINE, accepted_golden, check_golden_against_pin, encode_golden, find_golden
-    from gate.core.pins import load_pin
-    from gate.core.trace import read_trace
+    from gate.core.goldens.golden import (
+        DEFAULT_ENGINE,
+        accepted_golden,
+        check_golden_against_pin,
+        encode_golden,
+        find_golden,
+    )
+    from gate.core.pins.pin import doctrine_for, load_pin
+    from gate.core.storage.atomic import atomic_write
+    from gate.core.storage.files import display_path
+    from gate.core.traces.trace import read_trace
     from gate.errors import GateError
     from gate.reports import check_format
     from gate.workflows.engine_calls import open_engine
     from gate.workflows.goldens import check_golden
-    from gate.workflows.run import doctrine_for
 
     fmt = check_format("GoldensResult", fmt)
     refuse_overwrite(force, (output, "--output"))

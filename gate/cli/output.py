@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gate.core.atomic import atomic_write
+from gate.core.storage.atomic import atomic_write
 from gate.errors import InputError
 
 STDOUT = Path("-")

@@ -2,7 +2,7 @@
 `gate pin show`: a pin's provenance and its exact top-2 ties.
 
 The recording itself is `gate.workflows.pin_record.record_oracle`; the folder's files are written by
-`gate.core.pins.write_pin`. This module parses options and prints.
+`gate.core.pins.pin.write_pin`. This module parses options and prints.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ def record_pin(
 ) -> int:
     from gate.cli.common import parse_engine_opts
     from gate.cli.output import refuse_overwrite, say
-    from gate.core.doctrine import header_doctrine, resolve_doctrine
-    from gate.core.oracle_settings import read_settings
-    from gate.core.pin_diff import diff_pins, exact_top2_ties, rerecord_lines
-    from gate.core.pins import SUITE_FILE, folder_for_writing, write_pin
-    from gate.core.suite import read_suite
-    from gate.core.trace import read_trace
+    from gate.core.pins.diff import diff_pins, exact_top2_ties, rerecord_lines
+    from gate.core.pins.oracle_settings import read_settings
+    from gate.core.pins.pin import SUITE_FILE, folder_for_writing, write_pin
+    from gate.core.pins.suite import read_suite
+    from gate.core.traces.trace import read_trace
+    from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
     from gate.engines.registry import load_engine
     from gate.errors import InputError, PinError
     from gate.workflows.engine_calls import open_engine
@@ -97,9 +97,9 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
 
     from gate.cli.common import default_model
     from gate.cli.output import write_data
-    from gate.core.machine import machine_key, machine_of
-    from gate.core.pin_diff import exact_top2_ties
-    from gate.core.pins import load_pin
+    from gate.core.pins.diff import exact_top2_ties
+    from gate.core.pins.pin import load_pin
+    from gate.core.traces.machine import machine_key, machine_of
 
     pin = load_pin(model or default_model(), pins_dir)
     header = pin.trace.header

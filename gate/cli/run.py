@@ -16,8 +16,8 @@ import typer
 from gate.cli import options
 
 if TYPE_CHECKING:
-    from gate.core.doctrine import Doctrine
-    from gate.core.pins import Pin
+    from gate.core.pins.pin import Pin
+    from gate.core.verdict.doctrine import Doctrine
     from gate.workflows.run import RunOutcome, RunPlan, Timings
 
 
@@ -45,12 +45,12 @@ def run_gate(
 ) -> int:
     from gate.cli.common import default_model, parse_engine_opts
     from gate.cli.output import emit, refuse_overwrite, say
-    from gate.core.doctrine import Doctrine
-    from gate.core.pins import load_pin
-    from gate.core.trace import read_trace, write_trace
+    from gate.core.pins.pin import doctrine_for, load_pin
+    from gate.core.traces.trace import read_trace, write_trace
+    from gate.core.verdict.doctrine import Doctrine
     from gate.errors import InputError
     from gate.reports import check_format
-    from gate.workflows.run import Timings, doctrine_for, gate_trace_against_pin
+    from gate.workflows.run import Timings, gate_trace_against_pin
 
     fmt = check_format("GateResult", fmt)
     opts = parse_engine_opts(engine_opts)
@@ -108,7 +108,7 @@ def _run_plan(
 ) -> RunPlan:
     """The options of a long run, checked before the engine loads."""
     from gate.cli.output import say
-    from gate.core.shards import parse_shard
+    from gate.core.traces.shards import parse_shard
     from gate.errors import InputError
     from gate.workflows.progress import PROGRESS_SUFFIX, default_progress_path
     from gate.workflows.run import RunPlan
@@ -174,7 +174,7 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
 
     from gate.cli.common import default_model
     from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
-    from gate.core.pins import load_pin
+    from gate.core.pins.pin import load_pin
     from gate.workflows.run import prompt_inputs
 
     refuse_overwrite(force, (output, "--output"))

@@ -20,8 +20,8 @@ def merge_files(
     force: bool,
 ) -> int:
     from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
-    from gate.core.shards import merge_traces
-    from gate.core.trace import encode_trace, read_trace
+    from gate.core.traces.shards import merge_traces
+    from gate.core.traces.trace import encode_trace, read_trace
     from gate.errors import InputError, PinError
 
     if pin_model is not None and expect_ids_from is not None:
@@ -45,8 +45,8 @@ def merge_files(
                 f"{expect_ids_from} is an oracle for {oracle.header.model!r}, the shards are for {model!r}"
             )
     elif pin_model is not None:
-        from gate.core.oracle_settings import read_settings
-        from gate.core.pins import find_folder, load_suite
+        from gate.core.pins.oracle_settings import read_settings
+        from gate.core.pins.pin import find_folder, load_suite
 
         folder = find_folder(pin_model, pins_dir)
         suite = load_suite(folder, read_settings(folder.settings_path))

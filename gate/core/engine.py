@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from gate.core.trace import PromptRecord, TopList
+from gate.core.traces.trace import PromptRecord, TopList
 from gate.errors import EngineError, InputError
 
 

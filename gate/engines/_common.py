@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gate.core.engine import PromptInput
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 from gate.errors import InputError
 
 # One top-k list as the trace stores it: [token_id, logprob] pairs.

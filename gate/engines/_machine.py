@@ -1,4 +1,4 @@
-"""The machine an engine runs on, for provenance (`info()["hardware"]`; `gate.core.machine`).
+"""The machine an engine runs on, for provenance (`info()["hardware"]`; `gate.core.traces.machine`).
 
 Imports torch lazily: only engines that already run torch call this.
 """

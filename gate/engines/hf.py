@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
     TokenizerMethods,
@@ -283,7 +283,7 @@ class HFEngine(TokenizerMethods):
         return hooks
 
     def replay_routing(self, oracle: Mapping[tuple[int, ...], Any]) -> None:
-        """The oracle's recorded experts by prompt token ids (gate.core.routing.oracle_routing),
+        """The oracle's recorded experts by prompt token ids (gate.core.verdict.routing.oracle_routing),
         used instead of the router's own choice when `routing=oracle`."""
         self.oracle_routing = oracle
 

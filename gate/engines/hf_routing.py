@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gate.core.moe import SCORE_LOGPROB, SCORE_SIGMOID_BIAS
+from gate.core.traces.moe import SCORE_LOGPROB, SCORE_SIGMOID_BIAS
 
 SOFTMAX = "softmax"
 SIGMOID_BIAS = "sigmoid_bias"

@@ -51,12 +51,12 @@ import numpy as np
 from llama_cpp import _internals
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
-from gate.core.trace import PromptRecord
+from gate.core.storage.files import file_sha256
+from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform
 from gate.engines._logits import top_k_pairs
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, find_gguf, read_manifest
-from gate.models.hashing import file_sha256
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     "threads": (int, 1),

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-from gate.core.engine import Engine
-from gate.core.selftest import (
+from gate.core.calibration.selftest import (
     EXPECT_CAUGHT,
     EXPECT_DEFECT,
     EXPECT_EXACT_TIES,
     EXPECT_NO_DEFECT,
     Mutation,
 )
+from gate.core.engine import Engine
 from gate.engines.hf import HFEngine
 from gate.errors import InputError
 

@@ -33,7 +33,7 @@ import orjson
 
 from gate import __version__
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 from gate.engines.openai_http import HttpClient, ServerError, Transport, error_text, parse_base_url, quote
 from gate.errors import EngineError, InputError
 

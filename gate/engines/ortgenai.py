@@ -31,7 +31,7 @@ import numpy as np
 import onnxruntime_genai as og
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform
 from gate.engines._logits import top_k_pairs
 from gate.errors import InputError

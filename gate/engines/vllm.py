@@ -64,7 +64,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
     TokenizerMethods,

@@ -11,26 +11,7 @@ import os
 from pathlib import Path
 
 from gate.models.default import DEFAULT_MODEL, materialize_default
-from gate.models.listing import (  # re-exported: the hashes' building blocks
-    TOKENIZER_FILES,
-    WEIGHT_SUFFIXES,
-    file_sha256,
-    listing_sha256,
-    tokenizer_files,
-    weight_files,
-)
-
-__all__ = [
-    "TOKENIZER_FILES",
-    "WEIGHT_SUFFIXES",
-    "file_sha256",
-    "listing_sha256",
-    "local_model_dir",
-    "tokenizer_files",
-    "tokenizer_sha256",
-    "weight_files",
-    "weights_sha256",
-]
+from gate.models.listing import listing_sha256, tokenizer_files, weight_files
 
 
 def local_model_dir(model: str | os.PathLike[str]) -> Path | None:

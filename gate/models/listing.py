@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gate.core.files import file_sha256
+from gate.core.storage.files import file_sha256
 
 CHUNK = 1 << 20
 

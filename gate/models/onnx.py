@@ -31,11 +31,11 @@ from typing import Any
 
 import orjson
 
+from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.default import MANIFEST as DEFAULT_MANIFEST
-from gate.models.default import _publish, gate_cache_dir
-from gate.models.hashing import listing_sha256, tokenizer_files, weight_files
-from gate.models.listing import check_listed_files, load_manifest
+from gate.models.default import _publish
+from gate.models.listing import check_listed_files, listing_sha256, load_manifest, tokenizer_files, weight_files
 
 ONNX_MANIFEST = "gate-onnx-manifest.json"
 ONNX_MANIFEST_VERSION = 1

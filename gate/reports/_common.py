@@ -7,7 +7,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
-from gate.core.adjudicate import (
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import (
     DEFECT,
     EXACT_TIE,
     FORCED,
@@ -17,7 +18,6 @@ from gate.core.adjudicate import (
     Divergence,
     GateResult,
 )
-from gate.core.doctrine import Doctrine
 from gate.text import printable
 
 # The one-line reason an exact tie can split two honest engines.

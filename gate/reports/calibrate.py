@@ -9,7 +9,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gate.core.calibration import Calibration, Distribution, Histogram
+from gate.core.calibration.stats import Calibration, Distribution, Histogram
 
 
 def render_calibration_json(cal: Calibration) -> str:

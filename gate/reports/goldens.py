@@ -17,7 +17,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gate.core.golden_moves import CAUSE_LABELS, NEAR_TIE_FLIP, REAL_CHANGE, TIE_BREAK, GoldenMove, GoldensResult
+from gate.core.goldens.moves import CAUSE_LABELS, NEAR_TIE_FLIP, REAL_CHANGE, TIE_BREAK, GoldenMove, GoldensResult
 from gate.reports._common import TIE_BREAK_RULE, doctrine_text, fmt_logprob, token_label
 from gate.reports.markdown import cell
 from gate.reports.terminal import TEXT_WIDTH

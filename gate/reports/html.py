@@ -28,7 +28,7 @@ from itertools import groupby
 from typing import Any, TypedDict
 
 from gate import __version__
-from gate.core.adjudicate import (
+from gate.core.verdict.result import (
     DEFECT,
     EXACT_TIE,
     NEAR_TIE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from gate.core.adjudicate import GateResult
+from gate.core.verdict.result import GateResult
 from gate.reports.profile import divergence_profile
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from gate.core.adjudicate import DEFECT, Divergence, GateResult, PromptResult
+from gate.core.verdict.result import DEFECT, Divergence, GateResult, PromptResult
 from gate.reports._common import (
     CLASS_LABELS,
     by_prompt,

@@ -6,7 +6,7 @@ a backtick or a newline in them cannot break a table.
 
 from __future__ import annotations
 
-from gate.core.adjudicate import EXACT_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
+from gate.core.verdict.result import EXACT_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
 from gate.reports._common import (
     CLASS_LABELS,
     TIE_BREAK_RULE,

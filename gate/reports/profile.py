@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, GateResult
+from gate.core.verdict.result import EXACT_TIE, NEAR_TIE, GateResult
 
 NAT_MNATS = 1000.0
 

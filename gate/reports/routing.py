@@ -3,7 +3,7 @@ line for the run. Pure: strings from the core's records."""
 
 from __future__ import annotations
 
-from gate.core.moe import SCORE_LOGPROB, RoutingFlip, RoutingSummary
+from gate.core.traces.moe import SCORE_LOGPROB, RoutingFlip, RoutingSummary
 from gate.reports._common import CLASS_LABELS, fmt_mnats
 
 

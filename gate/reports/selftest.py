@@ -9,7 +9,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gate.core.selftest import CAUGHT, MISSED, SelfTestResult
+from gate.core.calibration.selftest import CAUGHT, MISSED, SelfTestResult
 
 _STATUS_STYLE = {CAUGHT: "green", MISSED: "bold red"}
 

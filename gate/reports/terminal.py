@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, NEAR_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
+from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
 from gate.reports._common import (
     CLASS_LABELS,
     by_prompt,

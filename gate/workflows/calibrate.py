@@ -1,4 +1,4 @@
-"""Calibration, the run: the candidate engine over a pin, for `gate.core.calibrate` to measure.
+"""Calibration, the run: the candidate engine over a pin, for `gate.core.calibration.calibrate` to measure.
 
 The measuring (drift distributions, the recommended doctrine) is pure and lives in the
 core; this only produces the candidate's trace: a free run with top-k logprobs, forced
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
-from gate.core.pins import Pin
-from gate.core.trace import Trace
+from gate.core.pins.pin import Pin
+from gate.core.traces.trace import Trace
+from gate.core.verdict.doctrine import Doctrine
 from gate.workflows.engine_calls import open_engine
 from gate.workflows.progress import QUIET, Progress
 from gate.workflows.run import gate_against_pin

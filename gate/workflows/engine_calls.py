@@ -14,10 +14,10 @@ from functools import partial
 from typing import Any, TypeVar
 
 from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
-from gate.core.evidence import FORCED_TOP_KEY
-from gate.core.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
-from gate.core.trace import PromptRecord, TopList, Trace, TraceError, check_top_logprobs
-from gate.errors import EngineError, GateError
+from gate.core.traces.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
+from gate.core.traces.trace import PromptRecord, TopList, Trace, check_top_logprobs
+from gate.core.verdict.evidence import FORCED_TOP_KEY
+from gate.errors import EngineError, GateError, TraceError
 from gate.workflows.guard import EngineTimeout
 from gate.workflows.progress import QUIET, Progress
 

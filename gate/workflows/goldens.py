@@ -1,5 +1,5 @@
 """Goldens, the run: record an engine's own greedy outputs over a pin's prompts, or re-run
-it and judge every golden that moved (the files and the judging: `gate.core.goldens`)."""
+it and judge every golden that moved (the files and the judging: `gate.core.goldens.golden`)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gate.core.adjudicate import oracle_dtype
-from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
-from gate.core.evidence import run_drift
-from gate.core.files import portable
-from gate.core.golden_moves import GoldenMove, GoldensResult, find_moves
-from gate.core.goldens import (
+from gate.core.goldens.golden import (
     check_golden_against_pin,
     engine_summary,
     golden_header,
@@ -21,14 +16,19 @@ from gate.core.goldens import (
     option_changes,
     pin_reference,
 )
-from gate.core.grid import grid_step
-from gate.core.machine import describe, machine_of, same_machine
-from gate.core.pins import Pin
-from gate.core.trace import PromptRecord, Trace
+from gate.core.goldens.moves import GoldenMove, GoldensResult, find_moves
+from gate.core.pins.pin import Pin
+from gate.core.storage.files import portable
+from gate.core.traces.machine import describe, machine_of, same_machine
+from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.verdict.adjudicate import oracle_dtype
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.evidence import run_drift
+from gate.core.verdict.grid import grid_step
 from gate.errors import PinError
 from gate.workflows.engine_calls import decode_tokens, engine_call
 from gate.workflows.progress import QUIET, Progress
-from gate.workflows.provenance import HASH_KEYS, check_prompt_tokens, check_provenance, model_hashes
+from gate.workflows.provenance import HASH_KEYS, check_prompt_tokens, check_provenance, model_hashes, project_commit
 from gate.workflows.run import run_candidate
 
 
@@ -104,7 +104,7 @@ def record_golden(
         check_provenance(pin, info, where=f"engine {engine.name!r}")
     check_prompt_tokens(engine, pin)
     run = run_candidate(engine, pin, progress=progress, info=info)
-    header = golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info))
+    header = golden_header(pin=pin, info=info, options=options, git=project_commit(), hashes=model_hashes(info))
     return Trace(header=header, records=golden_records(engine, run), path=path)
 
 
@@ -143,7 +143,7 @@ def check_golden(
         )
     moves = with_token_texts(engine, find_moves(golden, run, pin.trace, doctrine, other_machine=other, drift=drift))
     fresh = Trace(
-        header=golden_header(pin=pin, info=info, options=options, hashes=model_hashes(info)),
+        header=golden_header(pin=pin, info=info, options=options, git=project_commit(), hashes=model_hashes(info)),
         records=golden_records(engine, run),
         path=golden.path,
     )

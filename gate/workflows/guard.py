@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from gate.core.engine import Engine, ForcedDecode, PromptInput
-from gate.core.trace import PromptRecord
+from gate.core.traces.trace import PromptRecord
 from gate.errors import EngineError
 
 T = TypeVar("T")

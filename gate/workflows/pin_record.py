@@ -1,6 +1,6 @@
 """Recording a pin: the oracle engine over a suite, checked, as the pin's trace.
 
-`gate pin record` writes what this returns (`gate.core.pins.write_pin`).
+`gate pin record` writes what this returns (`gate.core.pins.pin.write_pin`).
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from dataclasses import replace
 from functools import partial
 
 from gate.core.engine import Engine, PromptInput
-from gate.core.oracle_settings import OracleSettings
-from gate.core.pins import oracle_header
-from gate.core.suite import Suite
-from gate.core.trace import Trace, TraceError, check_top_logprobs
-from gate.errors import EngineError
+from gate.core.pins.oracle_settings import OracleSettings
+from gate.core.pins.pin import oracle_header
+from gate.core.pins.suite import Suite
+from gate.core.traces.trace import Trace, check_top_logprobs
+from gate.errors import EngineError, TraceError
 from gate.workflows.engine_calls import engine_call, engine_name, generate, plain_top
 from gate.workflows.progress import QUIET, Progress
-from gate.workflows.provenance import oracle_hashes
+from gate.workflows.provenance import oracle_hashes, software_environment
 
 
 def record_oracle(
@@ -62,5 +62,12 @@ def record_oracle(
         replace(rec, prompt=p.prompt, top_logprobs=plain_top(rec.top_logprobs or ())) if rec.prompt is None else rec
         for p, rec in zip(prompts, records, strict=True)
     ]
-    header = oracle_header(model=model, info=info, settings=settings, suite=suite, top_k=settings.top_k)
+    header = oracle_header(
+        model=model,
+        info=info,
+        settings=settings,
+        suite=suite,
+        top_k=settings.top_k,
+        software=software_environment(settings.engine),
+    )
     return Trace(header=header, records=tuple(records), path=pin_path)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from gate.core.trace import PromptRecord, TraceHeader, encode_header, encode_record, read_trace
+from gate.core.traces.trace import PromptRecord, TraceHeader, encode_header, encode_record, read_trace
 from gate.errors import InputError
 
 PROGRESS_SUFFIX = ".partial.jsonl"

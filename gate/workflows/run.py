@@ -27,17 +27,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gate.core.adjudicate import GateResult, compare
-from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine, PromptInput
-from gate.core.files import display_path, portable
-from gate.core.machine import machine_meta
-from gate.core.pins import Pin
-from gate.core.pins import doctrine_for as doctrine_for
-from gate.core.routing import attribute_routing, oracle_routing
-from gate.core.run_record import Interruption, RunRecord
-from gate.core.shards import format_shard, select_shard
-from gate.core.trace import PromptRecord, Trace, TraceHeader
+from gate.core.pins.pin import Pin
+from gate.core.storage.files import display_path, portable
+from gate.core.traces.machine import machine_meta
+from gate.core.traces.shards import format_shard, select_shard
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import GateResult
+from gate.core.verdict.routing import attribute_routing, oracle_routing
+from gate.core.verdict.run_record import Interruption, RunRecord
 from gate.errors import EngineError, InputError, Interrupted
 from gate.workflows.engine_calls import (
     batch_size_for,
@@ -120,7 +120,7 @@ def prompt_inputs(pin: Pin) -> list[PromptInput]:
 
 def candidate_header(pin: Pin, info: Mapping[str, Any], top_k: int) -> TraceHeader:
     """A candidate trace's header: the engine's `info()`, its paths said without this
-    machine's folders (`gate.core.files.portable`), and the suite it ran."""
+    machine's folders (`gate.core.storage.files.portable`), and the suite it ran."""
     engine = portable(dict(info))
     engine.setdefault("name", "unknown")
     engine.setdefault("version", "unknown")

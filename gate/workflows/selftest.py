@@ -1,18 +1,13 @@
 """Self-test by mutation, the run: the unmutated engine records a reference, then every
 mutation runs over the pinned prompts and is judged against the reference and the pin
-(see `gate.core.selftest` for the judging)."""
+(see `gate.core.calibration.selftest` for the judging)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gate.core.adjudicate import compare
-from gate.core.doctrine import Doctrine
-from gate.core.engine import Engine
-from gate.core.pin_diff import exact_top2_ties
-from gate.core.pins import Pin
-from gate.core.selftest import (
+from gate.core.calibration.selftest import (
     MutantOutcome,
     Mutation,
     SelfTestResult,
@@ -22,7 +17,12 @@ from gate.core.selftest import (
     reference_trace,
     reported_positions,
 )
-from gate.core.trace import PromptRecord, Trace
+from gate.core.engine import Engine
+from gate.core.pins.diff import exact_top2_ties
+from gate.core.pins.pin import Pin
+from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.doctrine import Doctrine
 from gate.workflows.engine_calls import engine_call, force_along, open_engine
 from gate.workflows.progress import QUIET, Progress
 from gate.workflows.run import run_candidate

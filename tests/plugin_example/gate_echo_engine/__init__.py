@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
-from gate.core.trace import PromptRecord, read_trace
+from gate.core.traces.trace import PromptRecord, read_trace
 from gate.errors import InputError
 
 __version__ = "0.1.0"

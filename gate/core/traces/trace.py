@@ -23,8 +23,8 @@ from typing import Any, overload
 import numpy as np
 import orjson
 
-from gate.core.atomic import atomic_write
-from gate.core.moe import check_routing_fields, parse_moe_header
+from gate.core.storage.atomic import atomic_write
+from gate.core.traces.moe import check_routing_fields, parse_moe_header
 from gate.errors import TraceError
 
 TRACE_VERSION = 1

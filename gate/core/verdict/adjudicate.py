@@ -11,66 +11,27 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from gate.core.consistency import check_something_to_compare, header_warnings
-from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
-from gate.core.evidence import RunDrift, candidate_margin, evidence_near, flip_top, run_drift
-from gate.core.grid import MAX_GRID_LOGIT as MAX_GRID_LOGIT
-from gate.core.grid import grid_step, logprob_slack
-from gate.core.result import (
+from gate.core.traces.trace import PromptRecord, TopList, Trace
+from gate.core.verdict.consistency import check_something_to_compare, header_warnings
+from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
+from gate.core.verdict.evidence import RunDrift, candidate_margin, evidence_near, flip_top, run_drift
+from gate.core.verdict.grid import grid_step, logprob_slack
+from gate.core.verdict.result import (
     _SEVERITY,
     ALTERNATIVES_SHOWN,
     DEFECT,
     EXACT_TIE,
-    FAIL,
     FORCED,
     FREE_RUN,
     NEAR_TIE,
-    OUTCOME_DEFECT,
-    OUTCOME_EXACT_TIE,
     OUTCOME_MATCH,
-    OUTCOME_NAMES,
-    OUTCOME_NEAR_TIE,
     OUTCOME_OF_CLASS,
     OUTCOME_UNADJUDICATED,
-    RATIFIED_PASS,
-    STRICT_PASS,
     Divergence,
     GateResult,
     PromptResult,
-    summary_line,
 )
-from gate.core.trace import PromptRecord, TopList, Trace
 from gate.errors import InputError
-
-# The records live in gate.core.result; they are re-exported here, where callers have always
-# found them.
-__all__ = [
-    "ALTERNATIVES_SHOWN",
-    "DEFECT",
-    "EXACT_TIE",
-    "FAIL",
-    "FORCED",
-    "FREE_RUN",
-    "MAX_GRID_LOGIT",
-    "NEAR_TIE",
-    "OUTCOME_DEFECT",
-    "OUTCOME_EXACT_TIE",
-    "OUTCOME_MATCH",
-    "OUTCOME_NAMES",
-    "OUTCOME_NEAR_TIE",
-    "OUTCOME_OF_CLASS",
-    "OUTCOME_UNADJUDICATED",
-    "RATIFIED_PASS",
-    "STRICT_PASS",
-    "Divergence",
-    "GateResult",
-    "PromptResult",
-    "classify",
-    "compare",
-    "compare_prompt",
-    "oracle_dtype",
-    "summary_line",
-]
 
 # --------------------------------------------------------------------------- classification
 

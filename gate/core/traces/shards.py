@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gate.core.files import portable, portable_path
-from gate.core.trace import PromptRecord, Trace, TraceHeader
+from gate.core.storage.files import portable, portable_path
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.errors import InputError
 
 # Header keys that differ between honest shards of one run and are not compared: when
@@ -202,7 +202,7 @@ def _merged_header(traces: Sequence[Trace]) -> TraceHeader:
     first = traces[0].header
     extra = {k: v for k, v in first.extra.items() if k != "shard"}
     extra["merged_from"] = [_origin(t) for t in traces]
-    # The header gate writes names no folder of this machine (`gate.core.files.portable`).
+    # The header gate writes names no folder of this machine (`gate.core.storage.files.portable`).
     return TraceHeader(
         role=first.role, model=first.model, top_k=first.top_k, engine=portable(first.engine), extra=portable(extra)
     )

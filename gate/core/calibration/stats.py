@@ -1,7 +1,7 @@
 """Calibration records: the drift figures between a candidate and the oracle, the doctrine
 they recommend, and the HTML report's figures of them (`calibration_figures`).
 
-The measuring is `gate.core.calibrate`; these are plain frozen records with `to_dict()`.
+The measuring is `gate.core.calibration.calibrate`; these are plain frozen records with `to_dict()`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gate.core.doctrine import Doctrine
+from gate.core.verdict.doctrine import Doctrine
 
 CALIBRATION_VERSION = 1
 # Reports find a calibration here: `result.meta["calibration"]` is `Calibration.to_dict()`.

@@ -30,9 +30,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.doctrine import Evidence
-from gate.core.grid import grid_step, logprob_slack
-from gate.core.trace import PromptRecord, Trace
+from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.verdict.doctrine import Evidence
+from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.errors import InputError
 
 # The candidate record field with its top-k at each teacher-forced position (an addition to
@@ -90,7 +90,7 @@ def lp_map(top: Sequence[Sequence[Any]]) -> dict[int, float]:
 def step_at(oracle: PromptRecord, i: int, grid: Any) -> float | None:
     """The grid step at the oracle's top logit at position i (None without token_logits).
 
-    `grid` is `gate.core.adjudicate.grid_step` bound to the doctrine's dtype (passed in:
+    `grid` is `gate.core.verdict.adjudicate.grid_step` bound to the doctrine's dtype (passed in:
     this module sits below the adjudication)."""
     logits = oracle.extra.get("token_logits")
     if not isinstance(logits, list) or i >= len(logits):

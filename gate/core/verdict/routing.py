@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, FREE_RUN, NEAR_TIE, Divergence, GateResult
-from gate.core.doctrine import Doctrine
-from gate.core.moe import (
+from gate.core.traces.moe import (
     FORCED_ROUTED_EXPERTS,
     FORCED_ROUTER_TOP,
     ROUTED_EXPERTS,
@@ -37,7 +35,9 @@ from gate.core.moe import (
     RoutingSummary,
     moe_of,
 )
-from gate.core.trace import PromptRecord, Trace
+from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import DEFECT, EXACT_TIE, FREE_RUN, NEAR_TIE, Divergence, GateResult
 from gate.errors import InputError
 
 

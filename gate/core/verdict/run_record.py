@@ -33,7 +33,7 @@ class RunRecord:
     shard: str | None = None  # "K/N" when the run covered one shard of the suite
     repeats: int | None = None  # N when `--repeat N` (N > 1) found the engine deterministic
     interrupted: Interruption | None = None
-    # Where the pin was recorded and where the candidate ran: machine keys (`gate.core.machine`).
+    # Where the pin was recorded and where the candidate ran: machine keys (`gate.core.traces.machine`).
     machine: Mapping[str, Any] = field(default_factory=dict)
 
     @property

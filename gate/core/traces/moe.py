@@ -2,7 +2,7 @@
 block, the optional record fields that carry routing, and their validation.
 
 Pure: numpy and the error types only (no torch, no other core module), so the trace
-reader can use it and the attribution (`gate.core.routing`) can build on it.
+reader can use it and the attribution (`gate.core.verdict.routing`) can build on it.
 
 Layout. A record's routing lists one entry per *input token* the model processed, prompt
 tokens first: `len(prompt_token_ids) + len(token_ids) - 1` entries (the last generated

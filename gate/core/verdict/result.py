@@ -1,15 +1,15 @@
 """The records of a verdict: each divergence, each prompt's result, the whole result with its
-counts, verdict, exit code and one-line summary (pure; `gate.core.adjudicate` makes them)."""
+counts, verdict, exit code and one-line summary (pure; `gate.core.verdict.adjudicate` makes them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.core.doctrine import Doctrine
-from gate.core.evidence import RunDrift
-from gate.core.moe import RoutingFlip, RoutingSummary
-from gate.core.run_record import RunRecord
+from gate.core.traces.moe import RoutingFlip, RoutingSummary
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.evidence import RunDrift
+from gate.core.verdict.run_record import RunRecord
 
 EXACT_TIE = "exact_tie"
 NEAR_TIE = "near_tie"
@@ -65,7 +65,7 @@ class Divergence:
     oracle_text: str | None = None
     candidate_text: str | None = None
     alternatives: tuple[tuple[int, float, str | None], ...] = ()
-    # MoE models: the first router flip at or before this position (gate.core.routing).
+    # MoE models: the first router flip at or before this position (gate.core.verdict.routing).
     routing_flip: RoutingFlip | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,12 +144,12 @@ class GateResult:
     candidate_engine: str = ""
     # What ran (`gate run`): None for two trace files compared as they are.
     run: RunRecord | None = None
-    # Attachments for the reports, e.g. the HTML report's "figures" (`gate.core.calibrate`).
+    # Attachments for the reports, e.g. the HTML report's "figures" (`gate.core.calibration.calibrate`).
     meta: dict[str, Any] = field(default_factory=dict)
     # What the inputs say that a person should know but that does not decide the verdict
     # (the two headers name different models, say). Shown in every report.
     warnings: tuple[str, ...] = ()
-    # MoE models whose oracle recorded its routing (gate.core.routing).
+    # MoE models whose oracle recorded its routing (gate.core.verdict.routing).
     routing: RoutingSummary | None = None
     # The run's drift against the oracle (evidence doctrine only).
     drift: RunDrift | None = None

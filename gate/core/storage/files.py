@@ -12,7 +12,7 @@ from typing import Any
 
 # The checkout gate runs from (an editable install): its oracle_pins/ and goldens/ hold the
 # committed ones.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CHUNK = 1 << 20
 
 

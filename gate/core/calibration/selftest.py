@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gate.core.adjudicate import DEFECT, EXACT_TIE, STRICT_PASS, GateResult
-from gate.core.doctrine import Doctrine
 from gate.core.engine import Engine
-from gate.core.trace import Trace, TraceError, TraceHeader, check_top_logprobs
-from gate.errors import EngineError
+from gate.core.traces.trace import Trace, TraceHeader, check_top_logprobs
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.result import DEFECT, EXACT_TIE, STRICT_PASS, GateResult
+from gate.errors import EngineError, TraceError
 
 SELFTEST_VERSION = 1
 # The self-test's grid allowance unless the person sets one: one step of the dtype's grid

@@ -2,7 +2,7 @@
 
 For every prompt whose tokens moved, the first moved position is judged where the golden
 still shares the oracle's context: a tie-break, a near-tie flip or a real change (see
-`gate.core.goldens`). `GoldensResult` is what `gate goldens check` reports.
+`gate.core.goldens.golden`). `GoldensResult` is what `gate goldens check` reports.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gate.core.adjudicate import EXACT_TIE, NEAR_TIE, classify
-from gate.core.doctrine import DEFAULT_DTYPE, Doctrine
-from gate.core.evidence import RunDrift, own_margin
-from gate.core.machine import machine_key, same_machine
-from gate.core.trace import PromptRecord, Trace
+from gate.core.traces.machine import machine_key, same_machine
+from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.verdict.adjudicate import classify
+from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
+from gate.core.verdict.evidence import RunDrift, own_margin
+from gate.core.verdict.result import EXACT_TIE, NEAR_TIE
 from gate.errors import InputError
 
 GOLDEN_VERSION = 1
@@ -370,7 +371,7 @@ class GoldensResult:
     accepted: str | None = None
     backup: str | None = None
     notes: tuple[str, ...] = ()
-    # Where the golden was recorded and where it was checked (`gate.core.machine`).
+    # Where the golden was recorded and where it was checked (`gate.core.traces.machine`).
     golden_machine: Mapping[str, Any] = field(default_factory=dict)
     machine: Mapping[str, Any] = field(default_factory=dict)
 

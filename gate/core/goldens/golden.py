@@ -18,14 +18,13 @@ the oracle's context there (its tokens before that position are the oracle's):
   oracle's path, or a token is outside the oracle's top-k).
 
 This module is the golden files (locating, provenance, the header, reading against the
-pin); judging the moves is `gate.core.golden_moves`, and the runs are
+pin); judging the moves is `gate.core.goldens.moves`, and the runs are
 `gate.workflows.goldens`. No engine, no printing, no torch.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -33,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from gate import __version__
-from gate.core.files import REPO_ROOT, data_roots, file_sha256, portable, portable_path
-from gate.core.golden_moves import GOLDEN_VERSION, GoldenMove
-from gate.core.pins import Pin, check_model_id
-from gate.core.trace import PromptRecord, Trace, TraceHeader, encode_trace
+from gate.core.goldens.moves import GOLDEN_VERSION, GoldenMove
+from gate.core.pins.pin import Pin, check_model_id
+from gate.core.storage.files import data_roots, file_sha256, portable, portable_path
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace
 from gate.errors import InputError
 
 GOLDENS_DIRNAME = "goldens"
@@ -106,31 +105,6 @@ def path_for_writing(model: str, engine: str, goldens_dir: Path | None = None) -
 # --------------------------------------------------------------------------- provenance
 
 
-def project_commit(root: Path = REPO_ROOT) -> dict[str, Any]:
-    """gate's own git commit (`git_commit`) and whether tracked files differ from it
-    (`git_dirty`), when gate runs from a git checkout; empty otherwise."""
-    if not (root / ".git").exists():
-        return {}
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return {}
-    status = git("status", "--porcelain", "--untracked-files=no")
-    out: dict[str, Any] = {"git_commit": commit}
-    if status is not None:
-        out["git_dirty"] = bool(status)
-    return out
-
-
 def pin_reference(pin: Pin) -> dict[str, Any]:
     """The pin a golden is taken against: its path, the file's sha256, its suite's hash."""
     ref: dict[str, Any] = {
@@ -148,14 +122,15 @@ def golden_header(
     pin: Pin,
     info: Mapping[str, Any],
     options: Mapping[str, str],
+    git: Mapping[str, Any],
     hashes: Mapping[str, str] | None = None,
-    git: Mapping[str, Any] | None = None,
     created_at: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> TraceHeader:
     """A golden's header: the engine's own `info()` (name, version, options, ...), the
-    options given on the command line, device, dtype, hashes, gate's commit and the pin.
-    Paths are said without this machine's folders (`gate.core.files.portable`)."""
+    options given on the command line, device, dtype, hashes, gate's commit (`git`:
+    `gate.workflows.provenance.project_commit` reads it) and the pin.
+    Paths are said without this machine's folders (`gate.core.storage.files.portable`)."""
     engine = portable({k: v for k, v in info.items() if k not in _LOCAL_INFO_KEYS})
     engine.setdefault("name", "unknown")
     engine.setdefault("version", "unknown")
@@ -168,7 +143,7 @@ def golden_header(
         "hardware": info.get("hardware"),
         **dict(hashes or {}),
         "gate_version": __version__,
-        **dict(git if git is not None else project_commit()),
+        **dict(git),
         "pin": pin_reference(pin),
         "created_at": created_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **dict(extra or {}),

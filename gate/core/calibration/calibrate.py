@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from gate.core.adjudicate import GateResult, compare, grid_step, oracle_dtype
-from gate.core.calibration import (
+from gate.core.calibration.recommend import Pairs, recommend
+from gate.core.calibration.stats import (
     CALIBRATION_META_KEY,
     FIGURES_META_KEY,
     GAP_STEPS,
@@ -40,9 +40,11 @@ from gate.core.calibration import (
     Verdicts,
     calibration_figures,
 )
-from gate.core.doctrine import Doctrine
-from gate.core.recommend import Pairs, recommend
-from gate.core.trace import PromptRecord, Trace
+from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.verdict.adjudicate import compare, oracle_dtype
+from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.grid import grid_step
+from gate.core.verdict.result import GateResult
 from gate.errors import InputError
 
 # --------------------------------------------------------------------------- computation

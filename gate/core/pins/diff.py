@@ -8,9 +8,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gate.core.doctrine import Doctrine
-from gate.core.machine import machine_key, machine_of, same_machine
-from gate.core.trace import Trace
+from gate.core.traces.machine import machine_key, machine_of, same_machine
+from gate.core.traces.trace import Trace
+from gate.core.verdict.doctrine import Doctrine
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +117,10 @@ def diff_pins(old: Trace, new: Trace) -> PinDiff:
 
 
 def rerecord_lines(old: Trace, new: Trace, doctrine: Doctrine) -> list[str]:
-    """What a re-recorded pin means: where each was recorded (`gate.core.machine`) and,
+    """What a re-recorded pin means: where each was recorded (`gate.core.traces.machine`) and,
     where the tokens moved, the new pin judged as a candidate of the old one by `doctrine`
     (on another machine the oracle's own numbers move; the doctrine says by how much)."""
-    from gate.core.adjudicate import compare
+    from gate.core.verdict.adjudicate import compare
 
     old_m = machine_of(old.header.engine, old.header.extra)
     new_m = machine_of(new.header.engine, new.header.extra)

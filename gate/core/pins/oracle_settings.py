@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gate.core.doctrine import check_pin_doctrine
+from gate.core.verdict.doctrine import check_pin_doctrine
 from gate.errors import InputError
 
 _INT_FIELDS = ("max_tokens", "top_k", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len")

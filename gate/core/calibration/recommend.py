@@ -1,5 +1,5 @@
 """The doctrine calibration recommends: the smallest near-tie threshold that ratifies every
-honest flip the sample shows (see `gate.core.calibrate` for the measuring).
+honest flip the sample shows (see `gate.core.calibration.calibrate` for the measuring).
 
 Pure functions over the rival pairs' gaps and drifts; no I/O, no torch.
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gate.core.calibration import MIN_PAIRS_FOR_CONFIDENCE, ROUND_MNATS, Recommendation, fmt_num
-from gate.core.doctrine import DEFAULT_NEAR_TIE_MNATS
+from gate.core.calibration.stats import MIN_PAIRS_FOR_CONFIDENCE, ROUND_MNATS, Recommendation, fmt_num
+from gate.core.verdict.doctrine import DEFAULT_NEAR_TIE_MNATS
 
 
 def _round_up(x: float, unit: float) -> float:

@@ -4,7 +4,7 @@ what merely differs (the model names) is a warning for the report."""
 
 from __future__ import annotations
 
-from gate.core.trace import Trace
+from gate.core.traces.trace import Trace
 from gate.errors import InputError
 
 

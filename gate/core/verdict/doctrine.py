@@ -98,7 +98,7 @@ class Doctrine:
         `compare` runs.
     strict: a ratified-only pass fails (exit 1).
     evidence: when set, a flip where the candidate's own top-k is known is judged by the
-        evidence rule (`gate.core.evidence`, `Evidence`) instead of `near_tie_ulps`.
+        evidence rule (`gate.core.verdict.evidence`, `Evidence`) instead of `near_tie_ulps`.
     """
 
     near_tie_mnats: float = DEFAULT_NEAR_TIE_MNATS

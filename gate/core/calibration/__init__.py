@@ -1,0 +1,1 @@
+"""Calibration: drift statistics, the recommended doctrine, the self-test's judging."""

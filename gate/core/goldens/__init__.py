@@ -1,0 +1,1 @@
+"""Goldens: the candidate's own outputs as files, and the judging of moved tokens."""

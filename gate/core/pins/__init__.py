@@ -1,0 +1,1 @@
+"""Oracle pins: suites, oracle settings, pin folders, pin diffs."""

@@ -1,0 +1,1 @@
+"""Atomic writes and file hashes (the only disk primitives of the core)."""
