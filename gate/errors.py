@@ -47,6 +47,12 @@ class EngineError(GateError):
     exit_code = 3
 
 
+# An exception that is no GateError reached the command line: a bug in gate itself, not
+# bad input (2) and not the engine (3: an engine's own failures are EngineErrors, wrapped
+# where gate calls into it, `gate.workflows.engine_calls`). An addition to the spec's codes.
+INTERNAL_ERROR_EXIT = 4
+
+
 class Interrupted(GateError):
     """Ctrl-C: the partial report is printed and the run exits 130."""
 

@@ -342,10 +342,15 @@ def test_gate_compare_applies_the_doctrine_the_pin_trace_carries(tmp_path: Any) 
     report = json.loads(r.stdout)
     assert report["counts"]["near_ties"] == 1 and report["doctrine"]["near_tie_ulps"] == 2.0
     assert report["doctrine_source"] == f"the pin's ({o})"
-    # Flags override the pin's doctrine: the same 250-mnat flip is a defect at 125 mnats.
+    # A flag changes its own field only: --near-tie-mnats keeps the pin's grid allowance ...
     r = invoke(["compare", o, c, "--format", "json", "--near-tie-mnats", "125"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["doctrine"]["near_tie_ulps"] == 2.0 and report["doctrine"]["near_tie_mnats"] == 125.0
+    assert report["doctrine_source"] == f"the pin's ({o}); changed on the command line: --near-tie-mnats 125"
+    # ... and --near-tie-ulps 0 takes the allowance away: the same 250-mnat flip is a defect.
+    r = invoke(["compare", o, c, "--format", "json", "--near-tie-ulps", "0"])
     assert r.exit_code == 1, r.output
-    assert json.loads(r.stdout)["doctrine_source"] == "command line"
     # Without a doctrine in the header: the defaults (125 mnats), as before.
     o, c = _pin_files(tmp_path, None)
     r = invoke(["compare", o, c, "--format", "json"])

@@ -563,7 +563,7 @@ def test_no_golden_is_exit_2_with_the_record_command(toy: dict[str, Any]) -> Non
 def test_bad_format_and_model_ids_are_exit_2(toy: dict[str, Any]) -> None:
     assert goldens(toy, "record").exit_code == 0
     r = goldens(toy, "check", "--format", "junit")
-    assert r.exit_code == 2 and "expected one of rich, json, markdown" in r.stderr
+    assert r.exit_code == 2 and "'junit' is not one of 'rich', 'json', 'markdown'" in r.stderr
     r = invoke(["goldens", "record", "--model", "../../etc", "--pins-dir", str(toy["pins"]), "--engine", "fake"])
     assert r.exit_code == 2 and "not a model id" in r.stderr
 

@@ -42,7 +42,7 @@ def compare(o: Path, c: Path, *extra: str) -> tuple[int, str, str]:
 def test_an_empty_format_is_refused_not_taken_as_rich(files: Files) -> None:
     o, c = files()
     code, _, err = gate(["compare", str(o), str(c), "--format", ""])
-    assert_input_error(code, err, "--format ''")
+    assert_input_error(code, err, "'--format'", "'' is not one of")
 
 
 def test_the_role_message_reads_a_candidate(files: Files) -> None:

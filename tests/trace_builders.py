@@ -17,9 +17,10 @@ from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import GateResult
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-SEED_ORACLE = SHARED / "spec" / "examples" / "seed-oracle.jsonl"
-SEED_CANDIDATE = SHARED / "spec" / "examples" / "seed-candidate.jsonl"
+# The spec's seed example, kept in the repository (docs/spec.md, docs/examples/).
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+SEED_ORACLE = EXAMPLES / "seed-oracle.jsonl"
+SEED_CANDIDATE = EXAMPLES / "seed-candidate.jsonl"
 
 PROMPT = (11, 12, 13)
 

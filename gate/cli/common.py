@@ -32,6 +32,21 @@ def parse_engine_opts(pairs: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
+def doctrine_overrides(
+    near_tie_mnats: float | None = None, near_tie_ulps: float | None = None, no_evidence: bool = False
+) -> dict[str, Any]:
+    """The doctrine flags a command was given, as per-field overrides of the pin's doctrine
+    (`gate.core.verdict.doctrine.resolve_doctrine`): each flag changes its own field only."""
+    out: dict[str, Any] = {}
+    if near_tie_mnats is not None:
+        out["near_tie_mnats"] = near_tie_mnats
+    if near_tie_ulps is not None:
+        out["near_tie_ulps"] = near_tie_ulps
+    if no_evidence:
+        out["evidence"] = None
+    return out
+
+
 class ProgressBar:
     """A workflow's progress (`gate.workflows.progress.Progress`) drawn as one rich progress bar on stderr."""
 

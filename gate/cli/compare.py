@@ -16,11 +16,13 @@ def compare_files(
     candidate: Path,
     near_tie_mnats: float | None,
     near_tie_ulps: float | None,
+    no_evidence: bool = False,
     strict: bool,
     fmt: str,
     output: Path | None,
     force: bool,
 ) -> int:
+    from gate.cli.common import doctrine_overrides
     from gate.cli.output import emit, refuse_overwrite
     from gate.core.traces.trace import read_trace
     from gate.core.verdict.adjudicate import compare
@@ -34,9 +36,8 @@ def compare_files(
     # The doctrine a pin carries in its header travels with it: the same verdict as `gate run`.
     doctrine = resolve_doctrine(
         header_doctrine(o.header.extra, str(oracle)),
+        doctrine_overrides(near_tie_mnats, near_tie_ulps, no_evidence),
         strict=strict,
-        near_tie_mnats=near_tie_mnats,
-        near_tie_ulps=near_tie_ulps,
         source=f"the pin's ({oracle})",
     )
     from gate.core.verdict.routing import attribute_routing
@@ -47,14 +48,15 @@ def compare_files(
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("compare")
+    @app.command("compare", epilog=options.EXIT_CODES_COMPARE)
     def compare_cmd(
         oracle: Annotated[Path, typer.Argument(help="Oracle trace (JSON Lines, format v1).")],
         candidate: Annotated[Path, typer.Argument(help="Candidate trace (JSON Lines, format v1).")],
         near_tie_mnats: options.NearTieMnats = None,
         near_tie_ulps: options.NearTieUlps = None,
+        no_evidence: options.NoEvidence = False,
         strict: options.Strict = False,
-        fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown, junit or html.")] = "rich",
+        fmt: options.GateFormatOpt = options.GateFormat.rich,
         output: options.Output = None,
         force: options.Force = False,
     ) -> None:
@@ -64,8 +66,9 @@ def register(app: typer.Typer) -> None:
             candidate=candidate,
             near_tie_mnats=near_tie_mnats,
             near_tie_ulps=near_tie_ulps,
+            no_evidence=no_evidence,
             strict=strict,
-            fmt=fmt,
+            fmt=fmt.value,
             output=output,
             force=force,
         )

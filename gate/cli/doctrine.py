@@ -59,6 +59,7 @@ def calibrate_command(
     from gate.cli.common import parse_engine_opts
     from gate.cli.output import emit, refuse_overwrite, say
     from gate.core.calibration.calibrate import calibrate
+    from gate.core.pins.pin import pin_own_doctrine
     from gate.core.traces.trace import read_trace, write_trace
     from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
     from gate.errors import InputError
@@ -92,8 +93,13 @@ def calibrate_command(
         if save_trace is not None:
             write_trace(save_trace, c, overwrite=force)
             say(f"candidate trace written to {save_trace}")
-    own = header_doctrine(o.header.extra, str(oracle) if oracle is not None else "the pin")
-    cal = calibrate(o, c, dtype=dtype, pin_doctrine=resolve_doctrine(own) if own is not None else None)
+    if oracle is not None:
+        where = str(oracle)
+        own = header_doctrine(o.header.extra, where)
+    else:
+        own, where = pin_own_doctrine(pin)
+    pin_doctrine = resolve_doctrine(own, source=f"the pin's ({where})") if own is not None else None
+    cal = calibrate(o, c, dtype=dtype, pin_doctrine=pin_doctrine)
     emit(cal, fmt, output, force=force, engine_ran=oracle is None)
     return 0
 
@@ -113,12 +119,12 @@ def selftest_command(
     fmt: str,
     output: Path | None,
     force: bool,
+    no_evidence: bool = False,
 ) -> int:
-    from gate.cli.common import ProgressBar, parse_engine_opts, progress_bar
+    from gate.cli.common import ProgressBar, doctrine_overrides, parse_engine_opts, progress_bar
     from gate.cli.output import emit, refuse_overwrite, say
     from gate.core.calibration.selftest import SELFTEST_NEAR_TIE_ULPS
     from gate.core.pins.pin import doctrine_for
-    from gate.core.verdict.doctrine import DEFAULT_NEAR_TIE_MNATS, Doctrine
     from gate.engines.mutants import baseline_loader, mutations
     from gate.reports import check_format
     from gate.workflows.selftest import run_selftest
@@ -127,19 +133,14 @@ def selftest_command(
     refuse_overwrite(force, (output, "--output"))
     opts = parse_engine_opts(engine_opts)
     pin = _load_pin(model, pins_dir)
-    if (
-        near_tie_mnats is None
-        and near_tie_ulps is None
-        and (pin.trace.header.extra.get("doctrine") or pin.settings.doctrine)
-    ):
-        # The pin's own doctrine, as `gate run` applies it: the self-test checks that verdict.
-        doctrine = doctrine_for(pin)
-    else:
-        doctrine = Doctrine(
-            near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else near_tie_mnats,
-            near_tie_ulps=SELFTEST_NEAR_TIE_ULPS if near_tie_ulps is None else near_tie_ulps,
-            source="" if near_tie_mnats is None and near_tie_ulps is None else "command line",
-        )
+    # The pin's own doctrine, as `gate run` applies it, with the flags' fields changed: the
+    # self-test checks that verdict. A pin without one is judged with one grid step besides
+    # the default mnats (`SELFTEST_NEAR_TIE_ULPS`: the one-step fault must come out ratified).
+    doctrine = doctrine_for(
+        pin,
+        doctrine_overrides(near_tie_mnats, near_tie_ulps, no_evidence),
+        defaults={"near_tie_ulps": SELFTEST_NEAR_TIE_ULPS},
+    )
     weights = str(model_path) if model_path is not None else pin.model
     chosen = mutations(weights, opts, only=only)
     with progress_bar() as bar:
@@ -159,7 +160,7 @@ def selftest_command(
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("calibrate")
+    @app.command("calibrate", epilog=options.EXIT_CODES_WRITE)
     def calibrate_cmd(
         oracle: Annotated[Path | None, typer.Argument(help="Oracle trace (omit both files to run the engine).")] = None,
         candidate: Annotated[Path | None, typer.Argument(help="Candidate trace with top_logprobs.")] = None,
@@ -172,7 +173,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--dtype", help="Grid of the figures in steps (default: the oracle's dtype, else bfloat16)."),
         ] = None,
-        fmt: Annotated[str, typer.Option("--format", help="rich or json.")] = "rich",
+        fmt: options.RichOrJsonOpt = options.RichOrJson.rich,
         output: options.Output = None,
         save_trace: options.SaveTrace = None,
         force: options.Force = False,
@@ -188,14 +189,14 @@ def register(app: typer.Typer) -> None:
                 model_path=model_path,
                 pins_dir=pins_dir,
                 dtype=dtype,
-                fmt=fmt,
+                fmt=fmt.value,
                 output=output,
                 save_trace=save_trace,
                 force=force,
             )
         )
 
-    @app.command("selftest")
+    @app.command("selftest", epilog=options.EXIT_CODES_SELFTEST)
     def selftest_cmd(
         model: options.Model = None,
         model_path: options.ModelPath = None,
@@ -204,13 +205,19 @@ def register(app: typer.Typer) -> None:
         only: Annotated[list[str] | None, typer.Option("--only", help="Run only this mutant (repeatable).")] = None,
         near_tie_mnats: options.NearTieMnats = None,
         near_tie_ulps: Annotated[
-            float | None, typer.Option("--near-tie-ulps", help="Near-tie allowance in grid steps (default: 1).")
+            float | None,
+            typer.Option(
+                "--near-tie-ulps",
+                help="Near-tie allowance in grid steps \\[default: the pin's doctrine, else 1].",
+                rich_help_panel=options.DOCTRINE_PANEL,
+            ),
         ] = None,
-        fmt: Annotated[str, typer.Option("--format", help="rich or json.")] = "rich",
+        no_evidence: options.NoEvidence = False,
+        fmt: options.RichOrJsonOpt = options.RichOrJson.rich,
         output: options.Output = None,
         force: options.Force = False,
     ) -> None:
-        """Inject faults into the HF engine and check the gate catches each (exit 0 all caught, 1 not)."""
+        """Inject faults into the HF engine and check the gate catches each."""
         raise typer.Exit(
             selftest_command(
                 model=model,
@@ -220,7 +227,8 @@ def register(app: typer.Typer) -> None:
                 only=only,
                 near_tie_mnats=near_tie_mnats,
                 near_tie_ulps=near_tie_ulps,
-                fmt=fmt,
+                no_evidence=no_evidence,
+                fmt=fmt.value,
                 output=output,
                 force=force,
             )

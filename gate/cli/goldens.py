@@ -117,10 +117,18 @@ def check_goldens(
     near_tie_ulps: float | None,
     output: Path | None = None,
     force: bool = False,
+    no_evidence: bool = False,
 ) -> int:
     from dataclasses import replace
 
-    from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
+    from gate.cli.common import (
+        ProgressBar,
+        default_model,
+        doctrine_overrides,
+        load_engine_for,
+        parse_engine_opts,
+        progress_bar,
+    )
     from gate.cli.output import emit, refuse_overwrite
     from gate.core.goldens.golden import (
         DEFAULT_ENGINE,
@@ -154,7 +162,7 @@ def check_goldens(
     pin = load_pin(model, pins_dir)
     check_golden_against_pin(old, pin)  # before the model loads
     # The pin's own doctrine (it travels with the pin trace) unless flags override it.
-    doctrine = doctrine_for(pin, near_tie_mnats=near_tie_mnats, near_tie_ulps=near_tie_ulps)
+    doctrine = doctrine_for(pin, doctrine_overrides(near_tie_mnats, near_tie_ulps, no_evidence))
 
     load = load_engine_for(engine_name, pin, opts, model_path)
     with open_engine(load, engine_name) as eng, progress_bar() as bar:
@@ -192,7 +200,7 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
 
-    @goldens_app.command("record")
+    @goldens_app.command("record", epilog=options.EXIT_CODES_WRITE)
     def record_cmd(
         model: options.Model = None,
         engine: options.Engine = None,
@@ -203,10 +211,12 @@ def register(app: typer.Typer) -> None:
         golden: _Golden = None,
         force: Annotated[
             bool,
-            typer.Option("--force", "--accept", help="Replace an existing golden (a backup is kept; moves are shown)."),
+            typer.Option("--force", help="Replace an existing golden (a backup is kept; moves are shown)."),
         ] = False,
+        accept: Annotated[bool, typer.Option("--accept", hidden=True, help="Old name of --force.")] = False,
     ) -> None:
         """Run the engine greedily over the pinned prompts and write its golden atomically."""
+        force = force or accept
         raise typer.Exit(
             record_goldens(
                 model=model,
@@ -220,7 +230,7 @@ def register(app: typer.Typer) -> None:
             )
         )
 
-    @goldens_app.command("check")
+    @goldens_app.command("check", epilog=options.EXIT_CODES_GOLDENS)
     def check_cmd(
         model: options.Model = None,
         engine: options.Engine = None,
@@ -229,25 +239,23 @@ def register(app: typer.Typer) -> None:
         pins_dir: options.PinsDir = None,
         goldens_dir: _GoldensDir = None,
         golden: _Golden = None,
-        fmt: Annotated[str, typer.Option("--format", help="rich, json or markdown.")] = "rich",
+        fmt: options.GoldensFormatOpt = options.GoldensFormat.rich,
         accept: Annotated[
             bool,
             typer.Option("--accept", help="Rewrite the moved goldens with the new tokens (backup kept); exit 0."),
         ] = False,
-        near_tie_mnats: Annotated[
-            float | None, typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats \\[default: 125].")
-        ] = None,
-        near_tie_ulps: Annotated[
-            float | None,
-            typer.Option("--near-tie-ulps", help="Also count gaps within N dtype grid steps as near ties."),
-        ] = None,
+        near_tie_mnats: options.NearTieMnats = None,
+        near_tie_ulps: options.NearTieUlps = None,
+        no_evidence: options.NoEvidence = False,
         output: options.Output = None,
-        force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
+        force: Annotated[
+            bool, typer.Option("--force", help="Replace --output if it exists.", rich_help_panel=options.OUTPUT_PANEL)
+        ] = False,
     ) -> None:
-        """Re-run the engine and list every golden that moved, with its cause (exit 0 none, 1 moved).
+        """Re-run the engine and list every golden that moved, with its cause.
 
         Each move's cause is judged against the oracle pin: "was recording a tie-break", "near-tie
-        flip" or "real change". Exit 2 for input errors, 3 when the engine fails."""
+        flip" or "real change"."""
         raise typer.Exit(
             check_goldens(
                 model=model,
@@ -257,10 +265,11 @@ def register(app: typer.Typer) -> None:
                 pins_dir=pins_dir,
                 goldens_dir=goldens_dir,
                 golden=golden,
-                fmt=fmt,
+                fmt=fmt.value,
                 accept=accept,
                 near_tie_mnats=near_tie_mnats,
                 near_tie_ulps=near_tie_ulps,
+                no_evidence=no_evidence,
                 output=output,
                 force=force,
             )

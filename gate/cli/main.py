@@ -1,7 +1,8 @@
 """The `gate` command. Thin: options are parsed here and handed to plain functions.
 
 Error handling lives in one place, `main()`: a GateError prints one line on stderr and
-exits with its code (spec: 2 input, 3 engine); no traceback unless GATE_DEBUG=1. Typer
+exits with its code (spec: 2 input, 3 engine); any other exception is a bug in gate
+(exit 4, `INTERNAL_ERROR_EXIT`); no traceback unless GATE_DEBUG=1. Typer
 runs without its standalone mode, so its usage errors come here too (one line, exit 2)
 and so does Ctrl-C (a line, exit 130).
 """
@@ -16,7 +17,7 @@ import traceback
 import typer
 
 from gate import __version__
-from gate.errors import GateError
+from gate.errors import INTERNAL_ERROR_EXIT, GateError
 from gate.text import printable
 
 app = typer.Typer(
@@ -93,8 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if _debug():
             traceback.print_exc()
-        _say(f"gate: internal error: {type(exc).__name__}: {exc} (set GATE_DEBUG=1 for the traceback)")
-        sys.exit(3)
+        # Not an engine failure (those arrive as EngineError, exit 3): a bug in gate.
+        _say(f"gate: internal error (a bug in gate, please report it): {type(exc).__name__}: {exc}")
+        if not _debug():
+            _say("hint: set GATE_DEBUG=1 for the traceback")
+        sys.exit(INTERNAL_ERROR_EXIT)
     if code == 130:
         # Typer turns a KeyboardInterrupt in a command into exit 130 before we see it; no
         # gate command returns 130 itself (a GateError `Interrupted` carries its message).

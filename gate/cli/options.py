@@ -5,6 +5,7 @@ A command takes `model: options.Model = None` and hands the value to a plain fun
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -34,17 +35,111 @@ PinsDir = Annotated[
     Path | None,
     typer.Option("--pins-dir", help="Folder of pins \\[default: $GATE_PINS_DIR, ./oracle_pins, gate's own]."),
 ]
+# The doctrine flags: each changes its own field of the pin's doctrine and keeps the rest
+# (`gate.core.verdict.doctrine.resolve_doctrine`).
+DOCTRINE_PANEL = "Doctrine (each flag changes its own field of the pin's doctrine)"
 NearTieMnats = Annotated[
     float | None,
-    typer.Option("--near-tie-mnats", help="Near-tie threshold in millinats \\[default: the pin's doctrine, else 125]."),
+    typer.Option(
+        "--near-tie-mnats",
+        help="Near-tie threshold in millinats \\[default: the pin's doctrine, else 125].",
+        rich_help_panel=DOCTRINE_PANEL,
+    ),
 ]
 NearTieUlps = Annotated[
     float | None,
     typer.Option(
-        "--near-tie-ulps", help="Also ratify gaps within N steps of the dtype grid (needs the oracle's raw logits)."
+        "--near-tie-ulps",
+        help="Also ratify gaps within N steps of the dtype grid (needs the oracle's raw logits) "
+        "\\[default: the pin's doctrine, else none].",
+        rich_help_panel=DOCTRINE_PANEL,
     ),
 ]
-Strict = Annotated[bool, typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.")]
-Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to this file (- for stdout).")]
-Force = Annotated[bool, typer.Option("--force", help="Replace the files the command writes if they exist.")]
-SaveTrace = Annotated[Path | None, typer.Option("--save-trace", help="Save the candidate's trace (format v1) here.")]
+NoEvidence = Annotated[
+    bool,
+    typer.Option(
+        "--no-evidence",
+        help="Judge without the pin's evidence rule (its other fields stay).",
+        rich_help_panel=DOCTRINE_PANEL,
+    ),
+]
+Strict = Annotated[
+    bool,
+    typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.", rich_help_panel=DOCTRINE_PANEL),
+]
+Output = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", help="Write the report to this file (- for stdout).", rich_help_panel="Output"),
+]
+Force = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Replace the files this command writes (--output, --save-trace) if they exist.",
+        rich_help_panel="Output",
+    ),
+]
+SaveTrace = Annotated[
+    Path | None,
+    typer.Option("--save-trace", help="Save the candidate's trace (format v1) here.", rich_help_panel="Output"),
+]
+
+
+# --------------------------------------------------------------------------- report formats
+
+
+# One choice per command, with shell completion; `gate.reports.RENDERERS` renders each
+# (tests/test_cli_surface.py checks the two agree).
+class GateFormat(StrEnum):
+    rich = "rich"
+    json = "json"
+    markdown = "markdown"
+    junit = "junit"
+    html = "html"
+
+
+class GoldensFormat(StrEnum):
+    rich = "rich"
+    json = "json"
+    markdown = "markdown"
+
+
+class RichOrJson(StrEnum):
+    rich = "rich"
+    json = "json"
+
+
+OUTPUT_PANEL = "Output"
+GateFormatOpt = Annotated[
+    GateFormat, typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL)
+]
+GoldensFormatOpt = Annotated[
+    GoldensFormat, typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL)
+]
+RichOrJsonOpt = Annotated[
+    RichOrJson, typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL)
+]
+
+# --------------------------------------------------------------------------- exit codes
+
+# Every command's help ends with the exit codes it can give (the spec's table).
+EXIT_CODES_GATE = (
+    "Exit codes: 0 pass (strict, or ratified without --strict); 1 the gate failed; "
+    "2 usage or input error; 3 engine or infrastructure failure; 4 internal error (a bug in gate)."
+)
+EXIT_CODES_WRITE = (
+    "Exit codes: 0 done; 2 usage or input error; 3 engine or infrastructure failure; 4 internal error (a bug in gate)."
+)
+EXIT_CODES_COMPARE = (
+    "Exit codes: 0 pass (strict, or ratified without --strict); 1 the gate failed; 2 usage or input error; "
+    "4 internal error (a bug in gate)."
+)
+EXIT_CODES_SELFTEST = (
+    "Exit codes: 0 every fault caught and classified as expected; 1 not; 2 usage or input error; "
+    "3 engine or infrastructure failure; 4 internal error (a bug in gate)."
+)
+EXIT_CODES_GOLDENS = (
+    "Exit codes: 0 no golden moved (or the moves accepted); 1 goldens moved; 2 usage or input error; "
+    "3 engine or infrastructure failure; 4 internal error (a bug in gate)."
+)
+EXIT_CODES_FILES = "Exit codes: 0 done; 2 usage or input error; 4 internal error (a bug in gate)."

@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         name="pin", help="Record and inspect oracle pins (oracle_pins/<org>/<model>/).", no_args_is_help=True
     )
 
-    @pin_app.command("record")
+    @pin_app.command("record", epilog=options.EXIT_CODES_WRITE)
     def record_cmd(
         model: Annotated[str, typer.Option("--model", "-m", help="Model id, e.g. Qwen/Qwen3.6-35B-A3B.")],
         prompts: Annotated[
@@ -144,7 +144,10 @@ def register(app: typer.Typer) -> None:
         model_path: options.ModelPath = None,
         pins_dir: options.PinsDir = None,
         force: Annotated[
-            bool, typer.Option("--force", help="Re-record an existing pin (keeps a backup, shows what moved).")
+            bool,
+            typer.Option(
+                "--force", help="Re-record an existing pin: pin.jsonl is replaced, a backup kept, what moved shown."
+            ),
         ] = False,
     ) -> None:
         """Run the vLLM oracle over the prompt suite and write the pin with its provenance."""
@@ -161,7 +164,7 @@ def register(app: typer.Typer) -> None:
             )
         )
 
-    @pin_app.command("show")
+    @pin_app.command("show", epilog=options.EXIT_CODES_FILES)
     def show_cmd(
         model: options.Model = None,
         pins_dir: options.PinsDir = None,

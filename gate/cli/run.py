@@ -42,21 +42,22 @@ def run_gate(
     progress_file: Path | None = None,
     timeout: float | None = None,
     repeat: int = 1,
+    no_evidence: bool = False,
 ) -> int:
-    from gate.cli.common import default_model, parse_engine_opts
+    from gate.cli.common import default_model, doctrine_overrides, parse_engine_opts
     from gate.cli.output import emit, refuse_overwrite, say
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.traces.trace import read_trace, write_trace
-    from gate.core.verdict.doctrine import Doctrine
+    from gate.core.verdict.doctrine import apply_overrides
     from gate.errors import InputError
     from gate.reports import check_format
     from gate.workflows.run import Timings, gate_trace_against_pin
 
     fmt = check_format("GateResult", fmt)
     opts = parse_engine_opts(engine_opts)
-    flags = {"near_tie_mnats": near_tie_mnats, "near_tie_ulps": near_tie_ulps}
+    flags = doctrine_overrides(near_tie_mnats, near_tie_ulps, no_evidence)
     # A bad threshold fails before any work.
-    Doctrine(near_tie_mnats=0.0 if near_tie_mnats is None else near_tie_mnats, near_tie_ulps=near_tie_ulps)
+    apply_overrides({}, {k: v for k, v in flags.items() if v is not None})
     # Refuse to clobber before spending minutes on a model.
     refuse_overwrite(force, (save_trace, "--save-trace"), (output, "--output"))
 
@@ -80,10 +81,10 @@ def run_gate(
             raise InputError(f"--candidate-trace adjudicates a trace as it is: {', '.join(given)} cannot go with it")
         cand = read_trace(candidate_trace, role="candidate")
         pin = load_pin(model or cand.header.model, pins_dir)
-        outcome = gate_trace_against_pin(pin, cand, doctrine_for(pin, strict=strict, **flags))
+        outcome = gate_trace_against_pin(pin, cand, doctrine_for(pin, flags, strict=strict))
     else:
         pin = load_pin(model or default_model(), pins_dir)
-        doctrine = doctrine_for(pin, strict=strict, **flags)
+        doctrine = doctrine_for(pin, flags, strict=strict)
         plan = _run_plan(pin, engine or "hf", opts, shard, resume, progress_file, save_trace, timeout, repeat)
         outcome = _run_engine(pin, engine or "hf", opts, model_path, doctrine, Timings(), plan, fmt)
         if save_trace is not None:
@@ -206,8 +207,13 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
     return 0
 
 
+# `gate run`'s options in panels: the engine and the pin (typer's default panel), the
+# doctrine (`options.DOCTRINE_PANEL`), the output, and how the run is carried out.
+RUN_PANEL = "Running (shards, resume, timeouts, repeats)"
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("run")
+    @app.command("run", epilog=options.EXIT_CODES_GATE)
     def run_cmd(
         model: options.Model = None,
         engine: options.Engine = None,
@@ -215,8 +221,9 @@ def register(app: typer.Typer) -> None:
         model_path: options.ModelPath = None,
         near_tie_mnats: options.NearTieMnats = None,
         near_tie_ulps: options.NearTieUlps = None,
+        no_evidence: options.NoEvidence = False,
         strict: options.Strict = False,
-        fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown, junit or html.")] = "rich",
+        fmt: options.GateFormatOpt = options.GateFormat.rich,
         output: options.Output = None,
         save_trace: options.SaveTrace = None,
         candidate_trace: Annotated[
@@ -229,7 +236,8 @@ def register(app: typer.Typer) -> None:
         pins_dir: options.PinsDir = None,
         force: options.Force = False,
         timings: Annotated[
-            bool, typer.Option("--timings", help="Print the wall time of each stage on stderr.")
+            bool,
+            typer.Option("--timings", help="Print the wall time of each stage on stderr.", rich_help_panel="Output"),
         ] = False,
         shard: Annotated[
             str | None,
@@ -237,12 +245,15 @@ def register(app: typer.Typer) -> None:
                 "--shard",
                 help="Run only the K-th of N disjoint slices of the suite (K/N, by prompt id); combine the shard "
                 "traces with `gate merge`.",
+                rich_help_panel=RUN_PANEL,
             ),
         ] = None,
         resume: Annotated[
             bool,
             typer.Option(
-                "--resume", help="Continue an interrupted run from its progress file (same model, engine, options)."
+                "--resume",
+                help="Continue an interrupted run from its progress file (same model, engine, options).",
+                rich_help_panel=RUN_PANEL,
             ),
         ] = False,
         progress_file: Annotated[
@@ -251,6 +262,7 @@ def register(app: typer.Typer) -> None:
                 "--progress-file",
                 help="Where finished prompts are appended as the run goes \\[default: SAVE_TRACE.partial.jsonl, "
                 "else .gate/runs/MODEL/ENGINE.partial.jsonl].",
+                rich_help_panel=RUN_PANEL,
             ),
         ] = None,
         timeout: Annotated[
@@ -259,6 +271,7 @@ def register(app: typer.Typer) -> None:
                 "--timeout",
                 help="Seconds each engine call (one generate batch, one prompt unless the engine batches; "
                 "or one forced decode) may take before the run fails with exit 3.",
+                rich_help_panel=RUN_PANEL,
             ),
         ] = None,
         repeat: Annotated[
@@ -267,10 +280,11 @@ def register(app: typer.Typer) -> None:
                 "--repeat",
                 help="Run the candidate N times; any token or logprob that changes between repeats is exit 3 "
                 "(a nondeterministic engine cannot be gated token-exactly).",
+                rich_help_panel=RUN_PANEL,
             ),
         ] = 1,
     ) -> None:
-        """Gate a candidate engine against the pinned vLLM oracle (exit 0 pass, 1 fail, 2 input, 3 engine)."""
+        """Gate a candidate engine against the pinned vLLM oracle."""
         code = run_gate(
             model=model,
             engine=engine,
@@ -278,8 +292,9 @@ def register(app: typer.Typer) -> None:
             model_path=model_path,
             near_tie_mnats=near_tie_mnats,
             near_tie_ulps=near_tie_ulps,
+            no_evidence=no_evidence,
             strict=strict,
-            fmt=fmt,
+            fmt=fmt.value,
             output=output,
             save_trace=save_trace,
             candidate_trace=candidate_trace,
@@ -294,7 +309,7 @@ def register(app: typer.Typer) -> None:
         )
         raise typer.Exit(code)
 
-    @app.command("export-prompts")
+    @app.command("export-prompts", epilog=options.EXIT_CODES_FILES)
     def export_prompts_cmd(
         model: options.Model = None,
         output: options.Output = None,

@@ -25,7 +25,7 @@ def merge_files(
     from gate.errors import InputError, PinError
 
     if pin_model is not None and expect_ids_from is not None:
-        raise InputError("--pin-model and --expect-ids-from both name the expected prompts: give one")
+        raise InputError("--model and --expect-ids-from both name the expected prompts: give one")
     # Refuse to clobber before reading what may be gigabytes of shards.
     refuse_overwrite(
         force,
@@ -70,16 +70,19 @@ def merge_files(
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("merge")
+    @app.command("merge", epilog=options.EXIT_CODES_FILES)
     def merge_cmd(
         shards: Annotated[
             list[Path], typer.Argument(help="Shard traces written by `gate run --shard K/N` (all N of them).")
         ],
         output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the merged trace (- for stdout).")],
-        pin_model: Annotated[
+        model: Annotated[
             str | None,
-            typer.Option("--pin-model", help="Check the shards cover exactly this model's pinned suite, in its order."),
+            typer.Option(
+                "--model", "-m", help="Check the shards cover exactly this model's pinned suite, in its order."
+            ),
         ] = None,
+        pin_model: Annotated[str | None, typer.Option("--pin-model", hidden=True, help="Old name of --model.")] = None,
         expect_ids_from: Annotated[
             Path | None,
             typer.Option("--expect-ids-from", help="Check the shards cover exactly this oracle trace's prompts."),
@@ -90,10 +93,14 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Merge shard traces into one trace: no overlaps, no gaps, one provenance."""
+        if model is not None and pin_model is not None and model != pin_model:
+            from gate.errors import InputError
+
+            raise InputError(f"--model {model!r} and --pin-model {pin_model!r} (its old name) disagree: give one")
         code = merge_files(
             shards=shards,
             output=output,
-            pin_model=pin_model,
+            pin_model=model if model is not None else pin_model,
             expect_ids_from=expect_ids_from,
             pins_dir=pins_dir,
             force=force,

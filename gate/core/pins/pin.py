@@ -28,7 +28,7 @@ from gate.core.pins.suite import Suite, read_suite
 from gate.core.storage.atomic import atomic_write
 from gate.core.storage.files import data_roots, portable
 from gate.core.traces.trace import Trace, TraceHeader, encode_trace, read_trace
-from gate.core.verdict.doctrine import Doctrine, header_doctrine, resolve_doctrine
+from gate.core.verdict.doctrine import Doctrine, Overrides, header_doctrine, resolve_doctrine
 from gate.errors import InputError, PinError
 
 PINS_DIRNAME = "oracle_pins"
@@ -176,23 +176,23 @@ class Pin:
         return header.engine.get(key)
 
 
-def doctrine_for(
-    pin: Pin, *, strict: bool = False, near_tie_mnats: float | None = None, near_tie_ulps: float | None = None
-) -> Doctrine:
-    """The doctrine a judgement against `pin` applies: the command line's thresholds, else
-    the pin's own (the pin trace header's `doctrine`, which travels with the trace, else
-    oracle.json's), else the defaults."""
+def pin_own_doctrine(pin: Pin) -> tuple[dict[str, Any] | None, str]:
+    """The pin's own doctrine and where it is written: the pin trace header's `doctrine`
+    (it travels with the trace), else oracle.json's; (None, path) when it carries none."""
     where = str(pin.folder.pin_path)
     own = header_doctrine(pin.trace.header.extra, where)
     if own is None and pin.settings.doctrine:
         own, where = dict(pin.settings.doctrine), str(pin.folder.settings_path)
-    return resolve_doctrine(
-        own,
-        strict=strict,
-        near_tie_mnats=near_tie_mnats,
-        near_tie_ulps=near_tie_ulps,
-        source=f"the pin's ({where})",
-    )
+    return own, where
+
+
+def doctrine_for(
+    pin: Pin, overrides: Overrides | None = None, *, strict: bool = False, defaults: Mapping[str, Any] | None = None
+) -> Doctrine:
+    """The doctrine a judgement against `pin` applies: the pin's own with the command
+    line's per-field `overrides` (`gate.core.verdict.doctrine.resolve_doctrine`)."""
+    own, where = pin_own_doctrine(pin)
+    return resolve_doctrine(own, overrides, strict=strict, defaults=defaults, source=f"the pin's ({where})")
 
 
 def load_suite(folder: PinFolder, settings: OracleSettings) -> Suite:

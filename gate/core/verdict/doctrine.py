@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,60 +132,123 @@ class Doctrine:
 
 # --------------------------------------------------------------------------- a pin's own doctrine
 
-# The keys of a doctrine object as a pin carries it (oracle.json's `doctrine`, and the pin
-# trace header's `doctrine`, which travels with the pin trace wherever it is judged).
-PIN_DOCTRINE_KEYS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype")
+
+def _number(value: Any, what: str) -> float:
+    if type(value) not in (int, float) or not 0 <= value < float("inf"):
+        raise InputError(f"{what}: must be a number >= 0, found {value!r}")
+    return float(value)
+
+
+def _dtype_name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{what}: must be a dtype name, found {value!r}")
+    return value
+
+
+def _evidence(value: Any, what: str) -> Evidence:
+    # `Evidence.from_dict` names its own field: say where the doctrine object is.
+    where = what.removesuffix(".evidence'") + "'" if what.endswith(".evidence'") else what
+    return Evidence.from_dict(value, where)
+
+
+# A doctrine object's fields, as a pin carries it (oracle.json's `doctrine`, and the pin
+# trace header's `doctrine`, which travels with the pin trace wherever it is judged): each
+# key, the `Doctrine` attribute of the same name, and how its value is checked and read.
+# A new doctrine field is one entry here and one attribute of `Doctrine`: the checking of
+# pins, the resolver and its per-field overrides pick it up.
+DOCTRINE_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "near_tie_mnats": _number,
+    "near_tie_ulps": _number,
+    "evidence": _evidence,
+    "dtype": _dtype_name,
+}
+PIN_DOCTRINE_KEYS = tuple(DOCTRINE_FIELDS)
+
+
+def _read_fields(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise InputError(f"{where}: field 'doctrine': must be an object, found {raw!r}")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        read = DOCTRINE_FIELDS.get(key)
+        if read is None:
+            raise InputError(f"{where}: field 'doctrine.{key}': unknown (known: {', '.join(PIN_DOCTRINE_KEYS)})")
+        out[key] = read(value, f"{where}: field 'doctrine.{key}'")
+    return out
 
 
 def check_pin_doctrine(raw: Any, where: str) -> dict[str, Any]:
     """A pin's doctrine object, checked: numbers >= 0, an `evidence` object, a dtype name.
     Returns it as a plain dict; anything else is an InputError naming `where` and the key."""
-    if not isinstance(raw, Mapping):
-        raise InputError(f"{where}: field 'doctrine': must be an object, found {raw!r}")
-    for key, v in raw.items():
-        if key not in PIN_DOCTRINE_KEYS:
-            raise InputError(f"{where}: field 'doctrine.{key}': unknown (known: {', '.join(PIN_DOCTRINE_KEYS)})")
-        if key == "evidence":
-            Evidence.from_dict(v, f"{where}: field 'doctrine'")
-        elif key == "dtype":
-            if not isinstance(v, str) or not v:
-                raise InputError(f"{where}: field 'doctrine.dtype': must be a dtype name, found {v!r}")
-        elif type(v) not in (int, float) or not 0 <= v < float("inf"):
-            raise InputError(f"{where}: field 'doctrine.{key}': must be a number >= 0, found {v!r}")
+    _read_fields(raw, where)
     return dict(raw)
+
+
+# --------------------------------------------------------------------------- the one resolver
+
+# A command line's changes to a doctrine, field by field: a key of `DOCTRINE_FIELDS`, or
+# `evidence.<key>` for one field of the evidence rule, mapped to its new value; None drops
+# the field (`{"evidence": None}`: judge without the evidence rule, `--no-evidence`).
+Overrides = Mapping[str, Any]
+
+
+def override_flag(key: str, value: Any) -> str:
+    """How the command line says one override: `--near-tie-mnats 125`, `--no-evidence`."""
+    flag = "--" + key.replace(".", "-").replace("_", "-")
+    if value is None:
+        return "--no-" + flag[2:]
+    return f"{flag} {value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else f"{flag} {value}"
+
+
+def apply_overrides(own: Mapping[str, Any], overrides: Overrides) -> dict[str, Any]:
+    """`own` (a doctrine object) with each override applied to its own field only."""
+    merged: dict[str, Any] = dict(own)
+    for key, value in overrides.items():
+        head, _, sub = key.partition(".")
+        if head not in DOCTRINE_FIELDS:
+            raise InputError(
+                f"{override_flag(key, value)}: not a doctrine field (known: {', '.join(PIN_DOCTRINE_KEYS)})"
+            )
+        if not sub:
+            if value is None:
+                merged.pop(head, None)
+            else:
+                merged[head] = value
+                DOCTRINE_FIELDS[head](value, override_flag(key, value).split(" ")[0])
+            continue
+        base = merged.get(head)
+        if not isinstance(base, Mapping):
+            raise InputError(f"{override_flag(key, value)}: the doctrine has no '{head}' rule to change")
+        merged[head] = {**base, sub: value}
+    return merged
 
 
 def resolve_doctrine(
     own: Mapping[str, Any] | None,
+    overrides: Overrides | None = None,
     *,
     strict: bool = False,
-    near_tie_mnats: float | None = None,
-    near_tie_ulps: float | None = None,
+    defaults: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> Doctrine:
-    """The doctrine a judgement applies: the command line's thresholds when given (the
-    classic rule: fixed mnats, grid steps, no evidence), else the pin's own `own`, else the
-    defaults. `source` says where the pin's came from (for the report)."""
-    if near_tie_mnats is not None or near_tie_ulps is not None:
-        return Doctrine(
-            near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else float(near_tie_mnats),
-            strict=strict,
-            near_tie_ulps=None if near_tie_ulps is None else float(near_tie_ulps),
-            source="command line",
-        )
-    if not own:
-        return Doctrine(strict=strict)
-    ev = own.get("evidence")
-    ulps = own.get("near_tie_ulps")
-    dtype = own.get("dtype")
-    return Doctrine(
-        near_tie_mnats=float(own.get("near_tie_mnats", DEFAULT_NEAR_TIE_MNATS)),
-        strict=strict,
-        near_tie_ulps=None if ulps is None else float(ulps),
-        dtype=dtype if isinstance(dtype, str) else None,
-        evidence=Evidence.from_dict(ev, source or "doctrine") if ev is not None else None,
-        source=source or "pin",
-    )
+    """The doctrine a judgement applies, decided here for every command: the pin's own
+    doctrine `own` (else `defaults`, else the `Doctrine` defaults), with each override
+    changing its own field and nothing else: `--near-tie-mnats 125` keeps the pin's
+    evidence rule; only `{"evidence": None}` (`--no-evidence`) drops it.
+
+    `source` says where `own` came from ("the pin's (<path>)"); the doctrine's `source`
+    adds the flags that changed it."""
+    base = dict(own) if own else dict(defaults or {})
+    where = source or ("the default doctrine" if not own else "doctrine")
+    _read_fields(base, where)
+    changes = dict(overrides or {})
+    merged = apply_overrides(base, changes)
+    fields = _read_fields(merged, where)
+    said = source if own else ""
+    if changes:
+        flags = ", ".join(override_flag(k, v) for k, v in changes.items())
+        said = f"{said}; changed on the command line: {flags}" if said else f"command line: {flags}"
+    return Doctrine(strict=strict, source=said, **fields)
 
 
 def header_doctrine(extra: Mapping[str, Any], where: str) -> dict[str, Any] | None:
