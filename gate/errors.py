@@ -8,9 +8,12 @@ class GateError(Exception):
 
     exit_code: int = 2
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
+        # One line each: the message, and the command to run next (printed as `hint: ...`
+        # on a line of its own), never a newline inside either.
         self.message = message
+        self.hint = hint
 
     def __str__(self) -> str:
         return self.message

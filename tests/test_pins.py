@@ -86,7 +86,8 @@ def test_unknown_model_lists_pinned_ones(tmp_path: Path) -> None:
         find_folder("nobody/none", tmp_path)
     msg = str(info.value)
     assert "no pin folder for nobody/none" in msg and TOY_MODEL in msg
-    assert f"gate pin record --model nobody/none --pins-dir {tmp_path} --prompts SUITE.jsonl" in msg
+    assert info.value.hint == f"gate pin record --model nobody/none --pins-dir {tmp_path} --prompts SUITE.jsonl"
+    assert "\n" not in msg
 
 
 # --------------------------------------------------------------------------- the Qwen folder

@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
         if _debug():
             traceback.print_exc()
         _say(f"gate: error: {exc}")
+        if exc.hint:
+            _say(f"hint: {exc.hint}")
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:
         sys.exit(_usage_error(exc))

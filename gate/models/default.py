@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from gate import install_line
 from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.listing import check_listed_files, listing_sha256, load_manifest, tokenizer_files, weight_files
@@ -160,7 +161,7 @@ def _build(gguf: Path, out: Path) -> None:
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     except ImportError as exc:
-        raise InputError(f"building the default model needs the hf extra ({exc}); pip install 'gate[hf]'") from None
+        raise InputError(f"building the default model needs the hf extra ({exc}); {install_line('hf')}") from None
 
     started = time.monotonic()
     out.mkdir(parents=True)

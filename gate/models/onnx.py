@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from gate import install_line
 from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.default import MANIFEST as DEFAULT_MANIFEST
@@ -153,7 +154,7 @@ def _build(source: Path, out: Path, precision: str, hashes: dict[str, str]) -> N
         import onnxruntime_genai  # noqa: F401  (the builder ships inside it)
     except ImportError as exc:
         raise InputError(
-            f"building an ONNX model needs the ortgenai extra ({exc}); pip install 'gate[hf,ortgenai]'"
+            f"building an ONNX model needs the ortgenai extra ({exc}); {install_line('hf,ortgenai')}"
         ) from None
     started = time.monotonic()
     out.mkdir(parents=True)

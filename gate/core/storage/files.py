@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.resources
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,11 +15,38 @@ from typing import Any
 # committed ones.
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHUNK = 1 << 20
+# In a wheel the checkout's top-level data folders (oracle_pins/, goldens/) are package data
+# under gate/_data/ (setup.py maps them there), found with importlib.resources.
+PACKAGE_DATA = "_data"
+
+
+def packaged_data_dir(dirname: str) -> Path | None:
+    """The installed package's own copy of a data folder (`gate/_data/<dirname>`), if any."""
+    found = importlib.resources.files("gate").joinpath(PACKAGE_DATA, dirname)
+    # A package on the file system gives a Path; one imported from a zip has no folder to walk.
+    return found if isinstance(found, Path) and found.is_dir() else None
+
+
+def own_data_dir(dirname: str) -> Path | None:
+    """gate's own data folder: the installed package's (`packaged_data_dir`), else the
+    top-level `dirname/` of the checkout gate runs from; None when neither has one."""
+    packaged = packaged_data_dir(dirname)
+    if packaged is not None:
+        return packaged
+    checkout = REPO_ROOT / dirname
+    return checkout if (REPO_ROOT / "pyproject.toml").is_file() and checkout.is_dir() else None
+
+
+def is_packaged(path: Path) -> bool:
+    """True when `path` lies inside the installed package's data (never written to)."""
+    root = importlib.resources.files("gate").joinpath(PACKAGE_DATA)
+    return isinstance(root, Path) and Path(path).resolve().is_relative_to(root.resolve())
 
 
 def data_roots(dirname: str, env_var: str, given: Path | None = None, *, cwd: Path | None = None) -> list[Path]:
     """Where a data folder is looked for, in order: the folder given on the command line;
-    else `$env_var`; else `./dirname` and the `dirname/` of the checkout gate runs from."""
+    else `$env_var`; else `./dirname`, then gate's own (`own_data_dir`: the installed
+    package's data, or the checkout's)."""
     if given is not None:
         return [Path(given)]
     env = os.environ.get(env_var)
@@ -26,9 +54,9 @@ def data_roots(dirname: str, env_var: str, given: Path | None = None, *, cwd: Pa
         return [Path(env)]
     here = (cwd or Path.cwd()) / dirname
     roots = [here]
-    repo = REPO_ROOT / dirname
-    if repo.resolve() != here.resolve():
-        roots.append(repo)
+    own = own_data_dir(dirname)
+    if own is not None and own.resolve() != here.resolve():
+        roots.append(own)
     return roots
 
 
