@@ -1,0 +1,72 @@
+"""scripts/layers.py, the project's own layer check: it finds each kind of fault in a made-up
+package, and the repository itself has none."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def layers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("layers_script", ROOT / "scripts" / "layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_repository_is_clean(capsys: pytest.CaptureFixture[str]) -> None:
+    assert layers().main(["--root", str(ROOT)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("layers: 0 findings in ")
+
+
+def test_each_kind_of_fault_is_found(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "gate/__init__.py": "",
+            "gate/core/__init__.py": "",
+            "gate/core/a.py": "from gate.core import b\n",
+            "gate/core/b.py": "from . import a\n",  # a cycle, through a relative import
+            "gate/core/c.py": "import gate.cli.main\n",  # the core importing the CLI
+            "gate/cli/__init__.py": "",
+            "gate/cli/main.py": "x = 1\n" * 7,  # too long at --max-lines 5
+            "gate/core/trace.py": "y = 2\n" * 7,  # exempt
+        },
+    )
+    found, count = layers().findings(tmp_path, 5)
+    assert count == 8
+    assert found == [
+        "import cycle: gate.core.a <-> gate.core.b",
+        "upward import from the core: gate.core.c -> gate.cli.main",
+        "long module: gate/cli/main.py (7 lines)",
+    ]
+
+
+def test_a_deep_chain_needs_no_recursion(tmp_path: Path) -> None:
+    n = 3000
+    files = {"gate/__init__.py": ""}
+    files.update({f"gate/m{i}.py": f"import gate.m{i + 1}\n" for i in range(n)})
+    files[f"gate/m{n}.py"] = "import gate.m0\n"
+    write(tmp_path, files)
+    found, _ = layers().findings(tmp_path, 500)
+    assert len(found) == 1 and found[0].startswith("import cycle: gate.m0 <-> gate.m1 <-> ")
+
+
+def test_outside_a_repository_it_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert layers().main(["--root", str(tmp_path)]) == 2
+    assert "no gate/ package" in capsys.readouterr().err
