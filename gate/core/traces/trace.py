@@ -1,4 +1,4 @@
-"""Trace format v1 (../shared/spec/gate-spec.md): records, reader and atomic writer.
+"""Trace format v1 (docs/spec.md): records, reader and atomic writer.
 
 A trace is JSON Lines: a header, then one prompt record per line. The reader rejects every
 malformed input the spec lists, naming file, line and field. Validation of the top-k lists
@@ -74,7 +74,7 @@ _FLAT_FIELDS = frozenset(_RECORD_KEYS) | {"token_logits"}
 MAX_ABS_LOGIT = 1024.0
 # A top-k list is part of one softmax: its probabilities add up to at most 1 (float32
 # rounding: the default pin's lists reach 1.00000003). The spec's own seed example
-# (shared/spec/examples/seed-oracle.jsonl) reaches 5.4, so the hard limit sits above it:
+# (docs/examples/seed-oracle.jsonl) reaches 5.4, so the hard limit sits above it:
 # it refuses lists that claim many near-certain tokens at once (twenty at -1e-4 add up to
 # 20), which would make any choice among them a "tie".
 MAX_TOP_MASS = 8.0
