@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# Under CI=true a skip is a failure (tests/ci_skips.py).
+from ci_skips import pytest_runtest_makereport  # noqa: F401
+
 # --------------------------------------------------------------------------- tiny models
 
 
