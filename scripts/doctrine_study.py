@@ -10,7 +10,8 @@ default `gate run` would adjudicate (free run with top-k logprobs, every diverge
 teacher-forced with the candidate's own top-k at each forced position), gated against the
 default pin. Each variant runs in its own subprocess with its own environment (torch's
 kernel ISA `ATEN_CPU_CAPABILITY`, oneDNN's `ONEDNN_MAX_CPU_ISA`, threads), one at a time,
-each under the shared heavy-work lock (`flock /tmp/gate-heavy.lock`).
+each under a lock (`flock`): the file `$GATE_STUDY_LOCK` names, to queue behind other heavy
+jobs of the machine that hold the same file, else `study.lock` in the output folder.
 
 `table` is pure (no torch, seconds): it reads the folder and prints one table, for each
 doctrine considered, how many honest variants fail and how many mutants are caught.
@@ -39,13 +40,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_OUT = REPO / ".work" / "study"
-LOCK = "/tmp/gate-heavy.lock"
+# The lock each variant runs under: $GATE_STUDY_LOCK (a lock file other heavy jobs on the
+# machine share), else one in the output folder (`lock_file`).
+ENV_LOCK = "GATE_STUDY_LOCK"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 HONEST = "honest"
 MUTANT = "mutant"
 REFERENCE = "reference"  # not judged: evidence for the table (the float32 opinion)
+
+
+def lock_file(out: Path) -> Path:
+    """The lock file variants run under (`ENV_LOCK`, else `<out>/study.lock`)."""
+    named = os.environ.get(ENV_LOCK)
+    return Path(named) if named else out / "study.lock"
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,8 @@ def run_all(out: Path, only: Sequence[str]) -> int:
             print(f"[{v.name}] recorded already, skipped", flush=True)
             continue
         env = {**os.environ, **ONE_THREAD, **v.env, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
-        cmd = ["flock", LOCK, sys.executable, str(Path(__file__).resolve()), "_one", v.name, "--out", str(out)]
+        me = str(Path(__file__).resolve())
+        cmd = ["flock", str(lock_file(out)), sys.executable, me, "_one", v.name, "--out", str(out)]
         t0 = time.time()
         print(f"[{v.name}] start {time.strftime('%H:%M:%S')}: {v.what}", flush=True)
         rc = subprocess.call(cmd, env=env, cwd=REPO)
