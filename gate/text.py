@@ -30,3 +30,9 @@ def _escape(m: re.Match[str]) -> str:
 def printable(text: str) -> str:
     """`text` with every control, bidi or invisible formatting character escaped."""
     return _UNSAFE.sub(_escape, text)
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """`1 prompt`, `2 prompts`, `0 exact ties`: a count with its noun in the right number
+    (`many` defaults to `one` + "s")."""
+    return f"{n} {one if n == 1 else (many if many is not None else one + 's')}"

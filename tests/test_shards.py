@@ -262,7 +262,7 @@ def test_gate_merge_then_compare_equals_the_unsharded_run(tmp_path: Path, shard_
     out = tmp_path / "merged.jsonl"
     code, err = gate(["merge", *map(str, shard_files), "-o", str(out), "--expect-ids-from", str(oracle)])
     assert code == 0, err
-    assert f"merged 3 shard trace(s), {len(IDS)} prompts, into {out}" in err
+    assert f"merged 3 shard traces, {len(IDS)} prompts, into {out}" in err
     merged = read_trace(out, role="candidate")
     assert [r.id for r in merged.records] == IDS
 
@@ -354,7 +354,7 @@ def test_gate_merge_against_the_pins_suite(tmp_path: Path, shard_files: list[Pat
     pins = tmp_path / "pins"
     _pin_folder(pins, list(reversed(IDS)))
     out = tmp_path / "merged.jsonl"
-    argv = ["merge", *map(str, shard_files), "-o", str(out), "--pin-model", "org/tiny", "--pins-dir", str(pins)]
+    argv = ["merge", *map(str, shard_files), "-o", str(out), "--model", "org/tiny", "--pins-dir", str(pins)]
     code, err = gate(argv)
     assert code == 0, err
     assert [r.id for r in read_trace(out).records] == list(reversed(IDS)), "the suite's order"

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from gate.cli import options
+from gate.text import plural
 
 
 def _engine_line(info_engine: dict[str, object] | None, opts: dict[str, str]) -> str:
@@ -66,7 +67,7 @@ def record_goldens(
         except InputError as exc:
             say(f"gate: the old golden cannot be read ({exc}); it is replaced all the same")
 
-    say(f"recording the {engine_name} golden for {pin.model}: {len(pin.trace.records)} prompts")
+    say(f"recording the {engine_name} golden for {pin.model}: {plural(len(pin.trace.records), 'prompt')}")
     load = load_engine_for(engine_name, pin, opts, model_path)
     with open_engine(load, engine_name) as eng, progress_bar() as bar:
         trace = record_golden(eng, pin, options=opts, path=str(path), progress=ProgressBar(bar))
@@ -96,7 +97,7 @@ def record_goldens(
         say(f"kept the old golden as {kept}")
     positions = sum(len(r.token_ids) for r in trace.records)
     say(
-        f"golden written to {path}: {len(trace.records)} prompts, {positions} positions "
+        f"golden written to {path}: {plural(len(trace.records), 'prompt')}, {plural(positions, 'position')} "
         f"({_engine_line(dict(trace.header.engine), opts)})"
     )
     return 0

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from gate.cli import options
+from gate.text import plural
 
 
 def record_pin(
@@ -65,7 +66,10 @@ def record_pin(
     suite = read_suite(source).resolved(settings.max_tokens, override=max_tokens)
 
     source_model = str(model_path) if model_path is not None else model
-    say(f"recording the {settings.engine} oracle for {model}: {len(suite)} prompts, top-{settings.top_k} logprobs")
+    say(
+        f"recording the {settings.engine} oracle for {model}: {plural(len(suite), 'prompt')}, "
+        f"top-{settings.top_k} logprobs"
+    )
     load = lambda: load_engine(settings.engine, source_model, settings.engine_kwargs())  # noqa: E731
     with open_engine(load, settings.engine) as engine:
         trace = record_oracle(
@@ -86,8 +90,8 @@ def record_pin(
     ties = exact_top2_ties(trace)
     positions = sum(len(r.token_ids) for r in trace.records)
     say(
-        f"pin written to {folder.pin_path}: {len(trace.records)} prompts, {positions} positions; "
-        f"{len(ties)} positions where the oracle's top two logprobs are exactly equal"
+        f"pin written to {folder.pin_path}: {plural(len(trace.records), 'prompt')}, {plural(positions, 'position')}; "
+        f"{plural(len(ties), 'position')} where the oracle's top two logprobs are exactly equal"
     )
     return 0
 

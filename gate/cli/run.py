@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gate.cli import options
+from gate.text import plural
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
@@ -198,7 +199,7 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
     ).decode()
     write_data(lines, output, force=force)
     if not to_stdout(output):
-        say(f"{len(pin.trace.records)} prompts of {pin.folder.pin_path} written to {output}")
+        say(f"{plural(len(pin.trace.records), 'prompt')} of {pin.folder.pin_path} written to {output}")
     say(
         "run each prompt greedily from its prompt_token_ids for max_tokens tokens and write a candidate trace: "
         f"a header line such as {header}, then one record per prompt with id, prompt_token_ids and token_ids "

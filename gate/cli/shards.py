@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gate.cli import options
+from gate.text import plural
 
 
 def merge_files(
@@ -63,7 +64,7 @@ def merge_files(
     merged = merge_traces(traces, expected, expected_from=source)
     kept = write_data(encode_trace(merged.header, merged.records), output, force=force, backup=force)
     where = "stdout" if to_stdout(output) else output
-    say(f"merged {len(traces)} shard trace(s), {len(merged.records)} prompts, into {where}")
+    say(f"merged {plural(len(traces), 'shard trace')}, {plural(len(merged.records), 'prompt')}, into {where}")
     if kept is not None:
         say(f"the file it replaced is kept as {kept}")
     return 0

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gate.core.calibration.stats import Calibration, Distribution, Histogram
+from gate.text import plural
 
 
 def render_calibration_json(cal: Calibration) -> str:
@@ -46,7 +47,7 @@ def calibration_renderable(cal: Calibration) -> RenderableType:
         f"on {cal.model} ({cal.dtype})\n"
     )
     head.append(
-        f"{cal.prompts} prompts, {cal.positions} positions, {cal.positions_matched} matched "
+        f"{plural(cal.prompts, 'prompt')}, {plural(cal.positions, 'position')}, {cal.positions_matched} matched "
         "(same context, same token: the common prefix of each free run)"
     )
     parts.append(head)
@@ -88,7 +89,8 @@ def calibration_renderable(cal: Calibration) -> RenderableType:
     gaps = Text()
     gaps.append("Oracle top-2 gaps: ", style="bold")
     gaps.append(
-        f"{g.positions} positions, {g.exact_ties} exact ties; smallest positive {_f(g.smallest_positive_mnats)}, "
+        f"{plural(g.positions, 'position')}, {plural(g.exact_ties, 'exact tie')}; "
+        f"smallest positive {_f(g.smallest_positive_mnats)}, "
         f"p1 {_f(g.p1_mnats)}, p10 {_f(g.p10_mnats)}, median {_f(g.distribution.median)} mnats"
     )
     if g.within_steps is not None:

@@ -103,7 +103,7 @@ def _prompt_table(result: GateResult) -> list[str]:
     strict = len(result.prompts) - len(listed)
     out = ["### Prompts", ""]
     if not listed:
-        return [*out, f"All {strict} prompts strict.", ""]
+        return [*out, "The prompt is strict." if strict == 1 else f"All {strict} prompts strict.", ""]
     header = [
         "| prompt | strict | ratified | positions matched | first divergence | classified |",
         "|---|:-:|:-:|--:|--:|---|",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.core.verdict.result import EXACT_TIE, NEAR_TIE, GateResult
+from gate.text import plural
 
 NAT_MNATS = 1000.0
 
@@ -139,9 +140,11 @@ def profile_lines(result: GateResult) -> list[str]:
     ]
     if p.first_divergence is not None:
         f = p.first_divergence
+        who = "the one prompt that diverges runs" if f.n == 1 else f"the {f.n} prompts that diverge run"
+        their = "its" if f.n == 1 else "their"
         lines.append(
-            f"Where: the {f.n} prompts that diverge run token-exact for {f.median:g} tokens (median; "
-            f"90th percentile {f.p90:g}, longest {f.max:g}) before their first divergence."
+            f"Where: {who} token-exact for {f.median:g} tokens (median; "
+            f"90th percentile {f.p90:g}, longest {f.max:g}) before {their} first divergence."
         )
     if p.oracle_margin_mnats is not None:
         m = p.oracle_margin_mnats
@@ -163,7 +166,8 @@ def profile_lines(result: GateResult) -> list[str]:
         c = p.cost_mnats
         cost = f"; median {_mn(c.median)} mnats, 90th percentile {_mn(c.p90)}, largest {_mn(c.max)}"
     lines.append(
-        f"By how much (oracle − candidate logprob): {b['exact_tie']} exact ties, {b['near_tie']} near ties "
+        f"By how much (oracle − candidate logprob): {plural(b['exact_tie'], 'exact tie')}, "
+        f"{plural(b['near_tie'], 'near tie')} "
         f"(≤ {_mn(near)} mnats{grid}), {b['up_to_1_nat']} other gaps up to 1 nat, {b['over_1_nat']} over 1 nat, "
         f"{b['outside_top_k']} outside the oracle's top-k"
         + (f", {b['stopped']} where the candidate stopped" if b["stopped"] else "")
@@ -172,7 +176,7 @@ def profile_lines(result: GateResult) -> list[str]:
     )
     r = p.ranks
     lines.append(
-        f"The candidate's token was the oracle's #2 at {r['2']} positions, #3 at {r['3']}, "
+        f"The candidate's token was the oracle's #2 at {plural(r['2'], 'position')}, #3 at {r['3']}, "
         f"#4 or lower at {r['4+']}, outside its top-k at {r['outside']}."
     )
     return lines

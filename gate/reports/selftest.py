@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gate.core.calibration.selftest import CAUGHT, MISSED, SelfTestResult
+from gate.text import plural
 
 _STATUS_STYLE = {CAUGHT: "green", MISSED: "bold red"}
 
@@ -23,7 +24,7 @@ def selftest_renderable(result: SelfTestResult) -> RenderableType:
     head.append("Self-test by mutation ", style="bold")
     head.append(f"of the gate on {result.model}, engine {result.engine}\n")
     head.append(
-        f"{result.prompts} prompts, {result.positions} reference positions "
+        f"{plural(result.prompts, 'prompt')}, {plural(result.positions, 'reference position')} "
         f"({result.reference_exact_ties} exact top-2 ties in the unmutated engine's own logprobs); "
         f"doctrine {_doctrine(result)}\n"
     )

@@ -14,6 +14,7 @@ import numpy as np
 
 from gate.core.calibration.stats import MIN_PAIRS_FOR_CONFIDENCE, ROUND_MNATS, Recommendation, fmt_num
 from gate.core.verdict.doctrine import DEFAULT_NEAR_TIE_MNATS
+from gate.text import plural
 
 
 def _round_up(x: float, unit: float) -> float:
@@ -138,7 +139,7 @@ def recommend(
         )
     if len(flip_gaps_mnats):
         reasons.append(
-            f"the candidate itself flipped at {len(flip_gaps_mnats)} positions with oracle gaps up to "
+            f"the candidate itself flipped at {plural(len(flip_gaps_mnats), 'position')} with oracle gaps up to "
             f"{worst_flip:.1f} mnats (exact ties aside)"
         )
     reasons.append(

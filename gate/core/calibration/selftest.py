@@ -30,6 +30,7 @@ from gate.core.traces.trace import Trace, TraceHeader, check_top_logprobs
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, EXACT_TIE, STRICT_PASS, GateResult
 from gate.errors import EngineError, TraceError
+from gate.text import plural
 
 SELFTEST_VERSION = 1
 # The self-test's grid allowance unless the person sets one: one step of the dtype's grid
@@ -280,4 +281,5 @@ def judge(expect: str, changed: int, result: GateResult) -> tuple[str, bool, str
 
 
 def _classes(c: Mapping[str, int]) -> str:
-    return f"{c['exact_ties']} exact ties, {c['near_ties']} near ties, {c['defects']} defects"
+    ties = f"{plural(c['exact_ties'], 'exact tie')}, {plural(c['near_ties'], 'near tie')}"
+    return f"{ties}, {plural(c['defects'], 'defect')}"

@@ -18,6 +18,7 @@ from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.verdict.evidence import RunDrift, own_margin
 from gate.core.verdict.result import EXACT_TIE, NEAR_TIE
 from gate.errors import InputError
+from gate.text import plural
 
 GOLDEN_VERSION = 1
 
@@ -450,10 +451,6 @@ class GoldensResult:
         }
 
 
-def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
 def goldens_summary(result: GoldensResult) -> str:
     """`3/41 goldens moved (3 were recording a tie-break, 0 near-tie flips, 0 real changes)`."""
     c = result.counts
@@ -462,8 +459,8 @@ def goldens_summary(result: GoldensResult) -> str:
     tie = "was" if c["tie_breaks"] == 1 else "were"
     line = (
         f"{c['moved']}/{c['prompts']} goldens moved ({c['tie_breaks']} {tie} recording a tie-break, "
-        f"{_plural(c['near_tie_flips'], 'near-tie flip', 'near-tie flips')}, "
-        f"{_plural(c['real_changes'], 'real change', 'real changes')})"
+        f"{plural(c['near_tie_flips'], 'near-tie flip', 'near-tie flips')}, "
+        f"{plural(c['real_changes'], 'real change', 'real changes')})"
     )
     if result.accepted:
         line += f"; accepted: {result.accepted} rewritten"

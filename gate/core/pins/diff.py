@@ -11,6 +11,7 @@ from typing import Any
 from gate.core.traces.machine import machine_key, machine_of, same_machine
 from gate.core.traces.trace import Trace
 from gate.core.verdict.doctrine import Doctrine
+from gate.text import plural
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class PinDiff:
 
     def lines(self) -> list[str]:
         if self.unchanged:
-            return [f"the new pin matches the old one bit for bit ({self.prompts} prompts)"]
+            return [f"the new pin matches the old one bit for bit ({plural(self.prompts, 'prompt')})"]
         out = [
             f"against the old pin: {len(self.moved)} of {self.prompts} prompts moved, "
             f"{len(self.added)} added, {len(self.removed)} removed"

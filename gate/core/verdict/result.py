@@ -10,6 +10,7 @@ from gate.core.traces.moe import RoutingFlip, RoutingSummary
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.evidence import RunDrift
 from gate.core.verdict.run_record import RunRecord
+from gate.text import plural
 
 EXACT_TIE = "exact_tie"
 NEAR_TIE = "near_tie"
@@ -213,10 +214,6 @@ class GateResult:
         }
 
 
-def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
 def summary_line(result: GateResult) -> str:
     """`6/7 prompts strict 16/16, 108/112 positions; 7/7 ratified (1 exact tie, 0 near ties, 0 defects)`."""
     c = result.counts
@@ -226,7 +223,7 @@ def summary_line(result: GateResult) -> str:
         f"{c['strict_pass']}/{c['prompts']} prompts strict{per_prompt}, "
         f"{c['positions_matched']}/{c['positions']} positions; "
         f"{c['ratified_pass']}/{c['prompts']} ratified "
-        f"({_plural(c['exact_ties'], 'exact tie', 'exact ties')}, "
-        f"{_plural(c['near_ties'], 'near tie', 'near ties')}, "
-        f"{_plural(c['defects'], 'defect', 'defects')})"
+        f"({plural(c['exact_ties'], 'exact tie', 'exact ties')}, "
+        f"{plural(c['near_ties'], 'near tie', 'near ties')}, "
+        f"{plural(c['defects'], 'defect', 'defects')})"
     )
