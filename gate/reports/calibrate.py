@@ -116,7 +116,43 @@ def calibration_renderable(cal: Calibration) -> RenderableType:
     for note in cal.notes:
         doc.append(f"\nnote: {note}", style="yellow")
     parts.append(doc)
+    if cal.evidence is not None:
+        parts.append(_evidence(cal))
     return Group(*parts)
+
+
+def _evidence(cal: Calibration) -> Text:
+    """The evidence rule's quantities and the evidence doctrine they support."""
+    ev = cal.evidence
+    assert ev is not None
+    out = Text()
+    out.append("Evidence rule ", style="bold")
+    out.append(f"(units: the {cal.dtype} grid step at max(|oracle top logit|, {ev.floor_logit:g})): ")
+    out.append(
+        f"{ev.measured_flips} of {ev.flips} flips measured; oracle gap max {_f(ev.oracle_gap_units.max, 2)}, "
+        f"own margin max {_f(ev.own_margin_units.max, 2)}; "
+    )
+    if ev.drift.median_ulps is None:
+        out.append("drift not measured\n")
+    elif not ev.drift.judged:
+        out.append(f"drift not judged ({ev.drift.positions} < 16 positions)\n")
+    else:
+        out.append(f"drift median {_f(ev.drift.median_ulps, 2)} over {ev.drift.positions} positions\n")
+    if ev.recommended is not None:
+        r = ev.recommended
+        out.append("Recommended evidence doctrine: ", style="bold")
+        out.append(
+            f'"evidence": {{"oracle_ulps": {r.oracle_ulps:g}, "candidate_ulps": {r.candidate_ulps:g}, '
+            f'"drift_ulps": {r.drift_ulps:g}, "floor_logit": {r.floor_logit:g}}}',
+            style="bold green",
+        )
+        out.append(f"  (confidence: {ev.confidence}; the pin's oracle.json `doctrine` carries it)\n")
+    for reason in ev.reasons:
+        out.append(f"  - {reason}\n")
+    v = cal.verdicts
+    if v is not None and v.evidence is not None:
+        out.append(f"Under the pin's doctrine with this evidence rule: {v.evidence}: {v.evidence_summary}")
+    return out
 
 
 def print_calibration(cal: Calibration, console: Console) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from gate.core.calibration.evidence_fit import measure_evidence
 from gate.core.calibration.recommend import Pairs, recommend
 from gate.core.calibration.stats import (
     CALIBRATION_META_KEY,
@@ -42,7 +43,7 @@ from gate.core.calibration.stats import (
 )
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.adjudicate import compare, oracle_dtype
-from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.doctrine import DEFAULT_FLOOR_LOGIT, Doctrine
 from gate.core.verdict.grid import grid_step
 from gate.core.verdict.result import GateResult
 from gate.errors import InputError
@@ -233,6 +234,12 @@ def calibrate(
         dtype=dtype,
     )
     bound = rec.contender_bound_mnats
+    floor = (
+        pin_doctrine.evidence.floor_logit
+        if pin_doctrine is not None and pin_doctrine.evidence is not None
+        else DEFAULT_FLOOR_LOGIT
+    )
+    evidence = measure_evidence(oracle, candidate, list(default.divergences), dtype=dtype, floor_logit=floor)
     cal = Calibration(
         model=oracle.header.model,
         oracle_engine=_engine_name(oracle),
@@ -258,6 +265,7 @@ def calibrate(
         gap_drift_histogram=Histogram.of(pairs.drift),
         recommendation=rec,
         notes=tuple(notes),
+        evidence=evidence,
         samples={
             "chosen_abs_delta": tuple(s.chosen),
             "gap_drift": tuple(s.pair_drift),
@@ -268,6 +276,13 @@ def calibrate(
     if with_verdicts:
         recommended = compare(oracle, candidate, rec.doctrine)
         own = compare(oracle, candidate, pin_doctrine) if pin_doctrine is not None else None
+        # The evidence doctrine recommended: the pin's own (else the default) with its
+        # evidence rule replaced by the measured one, field by field as the resolver does.
+        with_evidence = (
+            compare(oracle, candidate, replace(pin_doctrine or Doctrine(dtype=dtype), evidence=evidence.recommended))
+            if evidence.recommended is not None
+            else None
+        )
         cal = replace(
             cal,
             verdicts=Verdicts(
@@ -277,6 +292,8 @@ def calibrate(
                 recommended.summary,
                 pin=own.verdict if own is not None else None,
                 pin_summary=own.summary if own is not None else None,
+                evidence=with_evidence.verdict if with_evidence is not None else None,
+                evidence_summary=with_evidence.summary if with_evidence is not None else None,
             ),
         )
     return cal

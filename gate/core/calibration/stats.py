@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.doctrine import Doctrine, Evidence
+from gate.core.verdict.evidence import RunDrift
 
 CALIBRATION_VERSION = 1
 # Reports find a calibration here: `result.meta["calibration"]` is `Calibration.to_dict()`.
@@ -156,6 +157,36 @@ class Recommendation:
 
 
 @dataclass(frozen=True, slots=True)
+class EvidenceCalibration:
+    """The evidence rule's quantities over one run, and the rule they support."""
+
+    floor_logit: float
+    flips: int  # flips with a positive gap (exact ties need no evidence)
+    measured_flips: int  # of them, those with the oracle's logit and the candidate's top-k
+    oracle_gap_units: Distribution  # u_o at the measured flips
+    own_margin_units: Distribution  # u_c at the measured flips
+    drift: RunDrift  # |swing| over the positions sharing the oracle's context, in units
+    recommended: Evidence | None  # None: nothing to measure (no oracle logits)
+    confidence: str  # "high", "low" or "none"
+    reasons: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "unit": f"grid step at max(|oracle top logit|, {fmt_num(self.floor_logit)})",
+            "floor_logit": self.floor_logit,
+            "flips": self.flips,
+            "measured_flips": self.measured_flips,
+            "oracle_gap_units": self.oracle_gap_units.to_dict(),
+            "own_margin_units": self.own_margin_units.to_dict(),
+            "drift_units": self.drift.to_dict(),
+            "drift_judged": self.drift.judged,
+            "recommended": self.recommended.to_dict() if self.recommended is not None else None,
+            "confidence": self.confidence,
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Verdicts:
     """The candidate's verdict under the default doctrine and under the recommended one."""
 
@@ -166,6 +197,9 @@ class Verdicts:
     # Under the doctrine the oracle trace carries (a pin's own), where it carries one.
     pin: str | None = None
     pin_summary: str | None = None
+    # Under the recommended evidence doctrine (`Calibration.evidence`), where one is.
+    evidence: str | None = None
+    evidence_summary: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -177,6 +211,9 @@ class Verdicts:
         if self.pin is not None:
             out["pin"] = self.pin
             out["pin_summary"] = self.pin_summary or ""
+        if self.evidence is not None:
+            out["evidence"] = self.evidence
+            out["evidence_summary"] = self.evidence_summary or ""
         return out
 
 
@@ -213,6 +250,8 @@ class Calibration:
     recommendation: Recommendation
     verdicts: Verdicts | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The evidence rule's quantities and the evidence doctrine they support.
+    evidence: EvidenceCalibration | None = None
     # The raw samples behind the figures (mnats), for plots; not serialised.
     samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -259,6 +298,7 @@ class Calibration:
             "oracle_top2_gaps": self.top_gaps.to_dict(),
             "recommendation": self.recommendation.to_dict(),
             "verdicts": self.verdicts.to_dict() if self.verdicts is not None else None,
+            "evidence": self.evidence.to_dict() if self.evidence is not None else None,
             "notes": list(self.notes),
         }
 
