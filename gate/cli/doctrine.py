@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
         fmt: options.RichOrJsonOpt = options.RichOrJson.rich,
         output: options.Output = None,
         save_trace: options.SaveTrace = None,
-        force: options.Force = False,
+        force: options.ForceOutputs = False,
     ) -> None:
         """Measure the drift between a candidate and the oracle and recommend a near-tie doctrine."""
         raise typer.Exit(

@@ -39,10 +39,9 @@ def record_goldens(
     from gate.cli.output import refuse_overwrite, say
     from gate.core.goldens.golden import DEFAULT_ENGINE, check_golden_against_pin, encode_golden, path_for_writing
     from gate.core.goldens.moves import find_moves, goldens_summary
-    from gate.core.pins.pin import load_pin
+    from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.storage.atomic import atomic_write
     from gate.core.traces.trace import read_trace
-    from gate.core.verdict.doctrine import Doctrine
     from gate.errors import InputError
     from gate.workflows.engine_calls import open_engine
     from gate.workflows.goldens import record_golden
@@ -77,7 +76,8 @@ def record_goldens(
             check_golden_against_pin(old, pin)
             from gate.core.goldens.moves import GoldensResult
 
-            moves = find_moves(old, trace, pin.trace, Doctrine())
+            # The moves are judged as `gate goldens check` judges them: by the pin's doctrine.
+            moves = find_moves(old, trace, pin.trace, doctrine_for(pin))
             result = GoldensResult(
                 model=pin.model,
                 engine=engine_name,
@@ -85,7 +85,7 @@ def record_goldens(
                 prompts=len(trace.records),
                 positions=sum(len(r.token_ids) for r in old.records),
                 moves=moves,
-                doctrine=Doctrine(),
+                doctrine=doctrine_for(pin),
             )
             say(f"against the old golden: {goldens_summary(result)}")
             say(*(f"  {m.prompt_id} @ {m.position}: {m.label}: {m.reason}" for m in moves))

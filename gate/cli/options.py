@@ -71,13 +71,15 @@ Output = Annotated[
     Path | None,
     typer.Option("--output", "-o", help="Write the report to this file (- for stdout).", rich_help_panel="Output"),
 ]
+# `--force` says what it replaces, command by command (pin record, goldens record and merge
+# declare their own: a pin re-recorded, a golden replaced, a merged trace with a backup).
 Force = Annotated[
     bool,
-    typer.Option(
-        "--force",
-        help="Replace the files this command writes (--output, --save-trace) if they exist.",
-        rich_help_panel="Output",
-    ),
+    typer.Option("--force", help="Replace --output if it exists.", rich_help_panel="Output"),
+]
+ForceOutputs = Annotated[
+    bool,
+    typer.Option("--force", help="Replace --output and --save-trace if they exist.", rich_help_panel="Output"),
 ]
 SaveTrace = Annotated[
     Path | None,

@@ -235,7 +235,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         pins_dir: options.PinsDir = None,
-        force: options.Force = False,
+        force: options.ForceOutputs = False,
         timings: Annotated[
             bool,
             typer.Option("--timings", help="Print the wall time of each stage on stderr.", rich_help_panel="Output"),
