@@ -229,3 +229,8 @@ def test_the_default_doctrine_is_at_least_as_strict_without_its_rules(
     gap_mnats = 1000.0 * (o_top[0][1] - o_top[1][1])
     if 0.0 < gap_mnats <= DEFAULT_NEAR_TIE_MNATS:
         assert full == NEAR_TIE == mnats_only
+
+
+def test_a_bad_value_for_one_field_of_the_evidence_rule_names_its_flag() -> None:
+    with pytest.raises(InputError, match="--evidence-drift-ulps: doctrine evidence: drift_ulps must be a finite"):
+        resolve_doctrine(default_pin_doctrine(), {"evidence.drift_ulps": -1.0}, source="the pin's (p)")

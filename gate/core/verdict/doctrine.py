@@ -220,6 +220,7 @@ def apply_overrides(own: Mapping[str, Any], overrides: Overrides) -> dict[str, A
         if not isinstance(base, Mapping):
             raise InputError(f"{override_flag(key, value)}: the doctrine has no '{head}' rule to change")
         merged[head] = {**base, sub: value}
+        DOCTRINE_FIELDS[head](merged[head], override_flag(key, value).split(" ")[0])
     return merged
 
 
