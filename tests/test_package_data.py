@@ -104,3 +104,18 @@ def test_the_packages_own_pin_is_never_rerecorded_in_place(wheel: Path, tmp_path
     assert r.returncode == 2, r.stderr
     assert "is gate's own, inside the installed package" in r.stderr
     assert f"copy that folder to ./oracle_pins/{MODEL}" in r.stderr
+
+
+def test_a_path_into_the_packages_data_is_said_as_in_a_checkout(wheel: Path, tmp_path: Path) -> None:
+    pin = wheel / "gate" / "_data" / "oracle_pins" / MODEL / "pin.jsonl"
+    code = f"from gate.core.storage.files import portable_path; print(portable_path({str(pin)!r}))"
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(wheel)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"oracle_pins/{MODEL}/pin.jsonl"

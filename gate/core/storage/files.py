@@ -37,6 +37,15 @@ def own_data_dir(dirname: str) -> Path | None:
     return checkout if (REPO_ROOT / "pyproject.toml").is_file() and checkout.is_dir() else None
 
 
+def _own_root() -> Path:
+    """The folder gate's own data folders sit in: the checkout gate runs from, else (an
+    installed wheel) `gate/_data/`, so a pin of gate's own is said `oracle_pins/...` in both."""
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT
+    root = importlib.resources.files("gate").joinpath(PACKAGE_DATA)
+    return root if isinstance(root, Path) else REPO_ROOT
+
+
 def is_packaged(path: Path) -> bool:
     """True when `path` lies inside the installed package's data (never written to)."""
     root = importlib.resources.files("gate").joinpath(PACKAGE_DATA)
@@ -101,7 +110,7 @@ def local_places(*, cwd: Path | None = None) -> tuple[tuple[Path, str], ...]:
     places: list[tuple[Path, str]] = []
     with contextlib.suppress(RuntimeError, KeyError):  # no home folder to put it under
         places.append((gate_cache_dir(), CACHE_MARK))
-    for base in (cwd if cwd is not None else _cwd(), REPO_ROOT):
+    for base in (cwd if cwd is not None else _cwd(), _own_root()):
         if base is not None and (home is None or not _under(home, base)) and base.parent != base:
             places.append((base, ""))
     if home is not None and home.parent != home:
