@@ -417,8 +417,12 @@ def test_deep_nesting_is_an_input_error(files: Files) -> None:
 # --------------------------------------------------------------------------- 8, 10: one error, one line
 
 
-def _one_line(err: str) -> str:
-    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
+def _one_line(err: str, *, hint: bool = False) -> str:
+    """The error line; with `hint`, one further real line `hint: ...` (the command to run next)."""
+    lines = err.split("\n")
+    assert err.endswith("\n") and len(lines) == (3 if hint else 2), repr(err)
+    if hint:
+        assert lines[1].startswith("hint: gate "), repr(err)
     assert err.startswith("gate: error: "), repr(err)
     assert "╭" not in err and "Traceback" not in err
     return err
@@ -455,7 +459,7 @@ def test_an_unknown_pin_model_is_one_line(files: Files) -> None:
         ["merge", str(c), "--pin-model", "nope/model", "-o", str(c.with_name("m.jsonl")), "--pins-dir", str(c.parent)]
     )
     assert code == 2
-    _one_line(err)
+    _one_line(err, hint=True)
 
 
 def test_ctrl_c_says_so_and_exits_130(files: Files, monkeypatch: pytest.MonkeyPatch) -> None:
