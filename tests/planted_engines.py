@@ -12,14 +12,17 @@ from gate.engines.hf import HFEngine
 from gate.engines.mutants import decoder_layers
 
 
-class AttentionScaleBug(HFEngine):
-    """One layer's attention uses a softmax scale 1.5x too large (a wrong 1/sqrt(head_dim))."""
+class AttentionBug(HFEngine):
+    """One layer's attention output projection loaded transposed (a weight-layout bug; o_proj
+    is square in the models tested)."""
 
-    name = "planted-attention-scale"
+    name = "planted-attention-o-proj"
 
     def __init__(self, model: str, *, layer: str | int = 1, **options: Any) -> None:
         super().__init__(model, **options)
-        decoder_layers(self.model)[int(layer)].self_attn.scaling *= 1.5
+        o_proj = decoder_layers(self.model)[int(layer)].self_attn.o_proj
+        with torch.no_grad():
+            o_proj.weight.copy_(o_proj.weight.t().contiguous())
 
 
 class MLPSwapBug(HFEngine):
@@ -55,13 +58,18 @@ class WrongActivationBug(HFEngine):
 
 
 class DecodePositionBug(HFEngine):
-    """Decode steps are given position cache_length + 1 (off by one); the prefill is right."""
+    """Decode steps count positions from the end of the prompt, forgetting its length (position
+    i of the generation gets position id i); the prefill is right."""
 
     name = "planted-decode-position"
 
+    def _prefill(self, prompt_ids: Any) -> tuple[torch.Tensor, Any]:
+        self._prompt_length = len(prompt_ids)
+        return super()._prefill(prompt_ids)
+
     def _decode(self, token: int, cache: Any) -> tuple[torch.Tensor, Any]:
         ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
-        pos = torch.tensor([[cache.get_seq_length() + 1]], dtype=torch.long, device=self.device)
+        pos = torch.tensor([[cache.get_seq_length() - self._prompt_length]], dtype=torch.long, device=self.device)
         out = self._forward(ids, input_ids=ids, past_key_values=cache, use_cache=True, position_ids=pos)
         return out.logits[0, -1], out.past_key_values
 

@@ -68,8 +68,8 @@ def located(d: Any) -> tuple[int | None, str | None]:
 @pytest.mark.parametrize(
     ("cls", "opts", "where"),
     [
-        ("AttentionScaleBug", {"layer": "1"}, (1, "attention")),
-        ("AttentionScaleBug", {"layer": "0"}, (0, "attention")),
+        ("AttentionBug", {"layer": "1"}, (1, "attention")),
+        ("AttentionBug", {"layer": "0"}, (0, "attention")),
         ("MLPSwapBug", {"layer": "1"}, (1, "mlp")),
         ("EmbeddingScaleBug", {}, (-1, "embedding")),
         ("WrongActivationBug", {}, (0, "mlp")),
@@ -139,3 +139,21 @@ def test_moe_expert_and_router_bugs_are_located(moe: tuple[Path, Any, Any]) -> N
     assert located(d) == (1, "router"), d.summary
     d = run(moe, HFEngine(str(moe[0]), attn_implementation="eager"))
     assert located(d) == (None, None), d.summary
+
+
+def test_honest_engines_under_every_forceable_isa_path_are_located_nowhere(llama: tuple[Path, Any, Any]) -> None:
+    """Each variant in its own process (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA are read when
+    torch loads), against this process's reference and band: the margin's premise."""
+    from gate.core.diagnosis.locate import compare_path
+    from gate.engines.capture_hf import capture_hf
+    from gate.workflows.diagnose_variants import HONEST_VARIANTS, capture_in_subprocess
+
+    path, ref, hon = llama
+    worst = {}
+    for name, (env, opts) in HONEST_VARIANTS.items():
+        got = capture_in_subprocess(str(path), opts, env, PROMPT, CONTEXT, ("decode", "prefill"))
+        for p, cand in got.items():
+            f = compare_path(capture_hf(ref, PROMPT, CONTEXT, p), capture_hf(hon, PROMPT, CONTEXT, p), cand)
+            assert f.first is None, (name, p, f.first)
+            worst[name, p] = max(e.ratio for e in f.layers)
+    assert all(r < 4.0 for r in worst.values()), worst

@@ -115,7 +115,10 @@ def test_capture_round_trips_through_arrays() -> None:
     c = capture(0.01)
     back = capture_from_arrays(capture_to_arrays(c))
     assert back.path == c.path and [t.point for t in back.tensors] == POINTS
-    assert all((x.values == y.values).all() and x.positions == y.positions for x, y in zip(back.tensors, c.tensors))
+    assert all(
+        (x.values == y.values).all() and x.positions == y.positions
+        for x, y in zip(back.tensors, c.tensors, strict=True)
+    )
 
 
 def diagnosis(main: PathFinding, other: PathFinding | None) -> Diagnosis:
@@ -139,9 +142,7 @@ def diagnosis(main: PathFinding, other: PathFinding | None) -> Diagnosis:
 def test_record_schema_and_the_one_line() -> None:
     ref, hon = capture(0.0), capture(0.01, seed=2)
     bug = compare_path(ref, hon, capture(0.01, bug=("model.layers.1.self_attn", 7, 0.4), seed=3))
-    clean = compare_path(
-        capture(0.0, "prefill"), capture(0.01, "prefill", seed=2), capture(0.01, "prefill", seed=3)
-    )
+    clean = compare_path(capture(0.0, "prefill"), capture(0.01, "prefill", seed=2), capture(0.01, "prefill", seed=3))
     d = diagnosis(bug, clean)
     data = d.to_dict()
     assert data["gate_diagnosis"] == 1
