@@ -81,8 +81,17 @@ def run_diagnose(
     return diagnosis.exit_code
 
 
-def diagnose_hint(result: GateResult, *, model: str, engine: str, engine_opts: list[str] | None) -> str | None:
-    """The `gate diagnose` command for a failed result's first defect (else first divergence)."""
+def diagnose_hint(
+    result: GateResult,
+    *,
+    model: str,
+    engine: str,
+    engine_opts: list[str] | None,
+    model_path: Path | None = None,
+    pins_dir: Path | None = None,
+) -> str | None:
+    """The `gate diagnose` command for a failed result's first defect (else first divergence),
+    with the run's own model, engine, options, weights and pins."""
     from gate.core.verdict.result import DEFECT, FAIL
 
     if result.verdict != FAIL or not result.divergences:
@@ -92,6 +101,10 @@ def diagnose_hint(result: GateResult, *, model: str, engine: str, engine_opts: l
     words = ["gate", "diagnose", "--model", model, "--engine", engine]
     for opt in engine_opts or ():
         words += ["--engine-opt", opt]
+    if model_path is not None:
+        words += ["--model-path", str(model_path)]
+    if pins_dir is not None:
+        words += ["--pins-dir", str(pins_dir)]
     words += ["--prompt", d.prompt_id, "--position", str(d.position)]
     if d.source == "forced" and d.forced_mode == "prefill":
         words += ["--path", "prefill"]

@@ -93,7 +93,14 @@ def run_gate(
     if candidate_trace is None:
         from gate.cli.diagnose import diagnose_hint
 
-        hint = diagnose_hint(outcome.result, model=pin.model, engine=engine or "hf", engine_opts=engine_opts)
+        hint = diagnose_hint(
+            outcome.result,
+            model=pin.model,
+            engine=engine or "hf",
+            engine_opts=engine_opts,
+            model_path=model_path,
+            pins_dir=pins_dir,
+        )
         if hint:
             say(hint)
     if timings:
