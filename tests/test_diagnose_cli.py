@@ -79,6 +79,7 @@ def test_an_honest_engine_is_located_nowhere_and_html_draws_it(tiny: tuple[str, 
         (["--path", "prefill"], "--path goes with --prompt"),
         (["--prompt", "p03", "--position", "1", "--path", "sideways"], "expected prefill or decode"),
         (["--format", "markdown"], "--format 'markdown'"),
+        (["--engine", "openai"], "cannot capture engine 'openai'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny: tuple[str, Path, Path], args: list[str], message: str) -> None:

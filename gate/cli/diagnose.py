@@ -53,6 +53,10 @@ def run_diagnose(
     opts = parse_engine_opts(engine_opts)
     pin = load_pin(model or default_model(), pins_dir)
     name = engine or "hf"
+    from gate.engines.registry import resolve
+    from gate.workflows.diagnose import check_capturable
+
+    check_capturable(resolve(name), name)
     target = None
     if prompt is not None and position is not None:
         target = target_given(pin, prompt, position, path or "decode")

@@ -131,23 +131,38 @@ def diagnose(
     )
 
 
+def capture_kind(cls: type) -> str | None:
+    """ "hf" for HFEngine and its subclasses, "llamacpp" for LlamaCppEngine's, else None."""
+    names = {c.__module__ + "." + c.__qualname__ for c in cls.__mro__}
+    if "gate.engines.hf.HFEngine" in names:
+        return "hf"
+    if "gate.engines.llamacpp.LlamaCppEngine" in names:
+        return "llamacpp"
+    return None
+
+
+def check_capturable(cls: type, name: str) -> None:
+    """Refuse, before an engine loads, one that gate diagnose cannot capture."""
+    if capture_kind(cls) is None:
+        raise InputError(
+            f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine) "
+            "and llamacpp; docs/diagnose.md says what vllm and ortgenai would need"
+        )
+
+
 def capturer_for(engine: Any) -> Capturer:
     """The capture adapter for a loaded candidate engine."""
-    from gate.engines.hf import HFEngine
-
-    if isinstance(engine, HFEngine):
+    kind = capture_kind(type(engine))
+    if kind == "hf":
         from gate.engines.capture_hf import capture_hf
 
         return lambda p, c, path: capture_hf(engine, p, c, path)
-    if type(engine).__name__ == "LlamaCppEngine":
+    if kind == "llamacpp":
         from gate.engines.capture_llamacpp import capture_llamacpp
 
         return lambda p, c, path: capture_llamacpp(engine, p, c, path)
-    raise InputError(
-        f"gate diagnose cannot capture engine {getattr(engine, 'name', type(engine).__name__)!r}: "
-        "it captures hf (and engines built on HFEngine) and llamacpp; docs/diagnose.md says what "
-        "vllm and ortgenai expose"
-    )
+    check_capturable(type(engine), str(getattr(engine, "name", type(engine).__name__)))
+    raise AssertionError("unreachable")
 
 
 @contextmanager
