@@ -1,7 +1,7 @@
 """`gate diagnose` on llama.cpp (the default model's own Q4_1 GGUF), through ggml's eval callback:
 every graph tensor named in gate.engines.capture_llamacpp maps to its transformers point, and a
-planted decode-path position bug in a LlamaCppEngine subclass is located at layer 0's
-attention on the decode path only."""
+planted KV-cache bug in a LlamaCppEngine subclass (a cell evicted before each decode step)
+is located at layer 0's attention on the decode path only."""
 
 from __future__ import annotations
 
@@ -53,21 +53,27 @@ def test_every_llamacpp_point_maps_to_a_transformers_point(setup: tuple[Any, Any
     assert got["lm_head"].positions == tuple(range(p - 1, n))
 
 
-class _DecodePositionBug:
-    """Mixed into LlamaCppEngine: single-token decode calls get position + 1 (off by one)."""
+class _KVEvictionBug:
+    """Mixed into LlamaCppEngine: before each single-token decode, the KV cache cell of
+    position 1 is evicted (a cache-management bug: the prefill attends to it, decode steps
+    do not)."""
 
     def _decode(self, tokens: Sequence[int], pos0: int) -> None:
-        shift = 1 if len(tokens) == 1 and pos0 > 0 else 0
-        super()._decode(tokens, pos0 + shift)  # type: ignore[misc]
+        import llama_cpp
+
+        if len(tokens) == 1 and pos0 > 2:
+            memory = llama_cpp.llama_get_memory(self.ctx.ctx)  # type: ignore[attr-defined]
+            llama_cpp.llama_memory_seq_rm(memory, 0, 1, 2)
+        super()._decode(tokens, pos0)  # type: ignore[misc]
 
 
-def test_a_llamacpp_decode_position_bug_is_located_on_the_decode_path(setup: tuple[Any, Any, Any, Any]) -> None:
+def test_a_llamacpp_kv_cache_bug_is_located_on_the_decode_path_only(setup: tuple[Any, Any, Any, Any]) -> None:
     from gate.engines.llamacpp import LlamaCppEngine
     from gate.models.default import DEFAULT_MODEL
     from gate.workflows.diagnose import diagnose_engine
 
     path, t, _, _ = setup
-    bug = type("PlantedLlamaCpp", (_DecodePositionBug, LlamaCppEngine), {})(DEFAULT_MODEL, preflight="false")
+    bug = type("PlantedLlamaCpp", (_KVEvictionBug, LlamaCppEngine), {})(DEFAULT_MODEL, preflight="false")
     try:
         d = diagnose_engine(bug, t, path)
     finally:
