@@ -4,6 +4,7 @@ rule, the record and its lines, and the three renderers."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -175,3 +176,30 @@ def test_reports_render_what_the_record_says() -> None:
     assert "enters at the embedding, decode path" in text and "model.embed_tokens" in text
     page = render(d, "html")
     assert page.count("<svg") == 1 and "enters: the embedding" in page and "<script" not in page
+
+
+def test_gate_runs_hint_names_the_first_defect_and_its_path(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from trace_builders import mixed_result
+
+    from gate.cli.diagnose import diagnose_hint
+    from gate.core.verdict.result import DEFECT
+
+    result = mixed_result(tmp_path)
+    defects = [d for d in result.divergences if d.cls == DEFECT]
+    assert result.verdict == "fail" and defects
+    order = [p.id for p in result.prompts]
+    first = min(defects, key=lambda d: (order.index(d.prompt_id), d.position))
+    hint = diagnose_hint(result, model="m/x", engine="hf", engine_opts=["dtype=bfloat16"])
+    assert hint is not None
+    assert f"the first defect is prompt {first.prompt_id}, position {first.position}" in hint
+    assert f"--engine-opt dtype=bfloat16 --prompt {first.prompt_id} --position {first.position}" in hint
+    assert "--path" not in hint or first.forced_mode == "prefill"
+    # A defect read from a prefill is diagnosed on the prefill path.
+    moved = tuple(replace(d, source="forced", forced_mode="prefill") if d is first else d for d in result.divergences)
+    hint = diagnose_hint(replace(result, divergences=moved), model="m/x", engine="vllm", engine_opts=None)
+    assert hint is not None and hint.endswith("--path prefill")
+    # A pass prints no hint.
+    passing = replace(result, divergences=(), prompts=tuple(replace(p, strict=True) for p in result.prompts))
+    assert diagnose_hint(passing, model="m/x", engine="hf", engine_opts=None) is None

@@ -160,6 +160,9 @@ def capture_hf(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int
     model = getattr(engine, "model", None)
     if model is None or not hasattr(engine, "_prefill") or not hasattr(engine, "_decode"):
         raise InputError(f"engine {getattr(engine, 'name', '?')!r} is not built on the HF engine: no capture")
+    start_routing = getattr(engine, "_start_routing", None)
+    if start_routing is not None:  # this prompt's routing state (the oracle's experts under routing=oracle)
+        start_routing(list(prompt_ids))
     hooks = CaptureHooks(model)
     try:
         with torch.inference_mode():
