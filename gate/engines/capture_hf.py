@@ -23,7 +23,6 @@ import torch
 
 from gate.core.diagnosis.capture import (
     ATTENTION,
-    DECODE,
     EMBEDDING,
     EXPERTS,
     FINAL_NORM,
@@ -180,6 +179,3 @@ def capture_hf(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int
     meta = {"engine": getattr(engine, "name", "hf"), "class": type(engine).__name__}
     out = hooks.capture(path, len(context_ids))
     return Capture(out.path, out.context_length, out.tensors, meta)
-
-
-__all__ = ["DECODE", "PREFILL", "CaptureHooks", "capture_hf", "capture_points"]

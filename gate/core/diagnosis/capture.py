@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +119,3 @@ def capture_from_arrays(arrays: Mapping[str, np.ndarray]) -> Capture:
         )
         i += 1
     return Capture(str(arrays["path"]), int(arrays["context_length"]), tuple(tensors))
-
-
-def points_of(capture: Capture) -> Sequence[Point]:
-    return [t.point for t in capture.tensors]

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.core.diagnosis.capture import DECODE, FINAL_NORM, LM_HEAD, PREFILL
+from gate.core.diagnosis.capture import FINAL_NORM, LM_HEAD
 
 SCHEMA = 1
 # Exit codes of `gate diagnose` beyond the spec's 2 (input) and 3 (engine).
@@ -166,6 +166,3 @@ def finding_line(f: PathFinding, margin: float, layer_count: int) -> str:
 def _num(x: float) -> float | str:
     """JSON has no infinity: a non-finite error is written as the string "inf"."""
     return x if math.isfinite(x) else "inf"
-
-
-__all__ = ["DECODE", "PREFILL", "Diagnosis", "LayerError", "PathFinding"]
