@@ -71,14 +71,10 @@ def run_diagnose(
             if target is None:
                 say("gate diagnose: the candidate's tokens match the oracle's everywhere: nothing to diagnose")
                 return 0
-        from gate.engines.hf import HFEngine
-
         if reference_model is not None:
             weights = str(reference_model)
-        elif isinstance(cand, HFEngine):
-            weights = cand.model_path  # the very weights the candidate loaded
-        else:
-            weights = resolve_model_path(pin.model)
+        else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
+            weights = getattr(cand, "model_path", None) or resolve_model_path(pin.model)
         say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
         diagnosis = diagnose_engine(cand, target, str(weights), honest_dtype=honest_dtype, model=pin.model, notes=notes)
     emit(diagnosis, fmt, output, force=force, engine_ran=True)

@@ -7,7 +7,8 @@ a position read from a prefill, `forced_mode` "prefill": one prefill over the co
 - the reference, transformers in float32 on the same weights;
 - the honest engine, transformers in the candidate's working dtype (bfloat16), whose error
   against the reference at each point is that point's honest band;
-- the candidate, captured through its own adapter (gate.engines.capture_hf, capture_llamacpp).
+- the candidate, captured through its own adapter (gate.engines.capture_hf, capture_llamacpp,
+  capture_vllm).
 The other path is run too, to say which of the two shows the deviation.
 """
 
@@ -138,6 +139,8 @@ def capture_kind(cls: type) -> str | None:
         return "hf"
     if "gate.engines.llamacpp.LlamaCppEngine" in names:
         return "llamacpp"
+    if "gate.engines.vllm.VLLMEngine" in names:
+        return "vllm"
     return None
 
 
@@ -145,8 +148,8 @@ def check_capturable(cls: type, name: str) -> None:
     """Refuse, before an engine loads, one that gate diagnose cannot capture."""
     if capture_kind(cls) is None:
         raise InputError(
-            f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine) "
-            "and llamacpp; docs/diagnose.md says what vllm and ortgenai would need"
+            f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine), "
+            "llamacpp and vllm; docs/diagnose.md says what ortgenai would need"
         )
 
 
@@ -161,6 +164,10 @@ def capturer_for(engine: Any) -> Capturer:
         from gate.engines.capture_llamacpp import capture_llamacpp
 
         return lambda p, c, path: capture_llamacpp(engine, p, c, path)
+    if kind == "vllm":
+        from gate.engines.capture_vllm import capture_vllm
+
+        return lambda p, c, path: capture_vllm(engine, p, c, path)
     check_capturable(type(engine), str(getattr(engine, "name", type(engine).__name__)))
     raise AssertionError("unreachable")
 
