@@ -92,6 +92,19 @@ def run_gate(
             write_trace(save_trace, outcome.candidate, overwrite=force)
             say(f"candidate trace written to {save_trace}")
     emit(outcome.result, fmt, output, force=force, engine_ran=candidate_trace is None)
+    if candidate_trace is None:
+        from gate.cli.diagnose import diagnose_hint
+
+        hint = diagnose_hint(
+            outcome.result,
+            model=pin.model,
+            engine=engine or "hf",
+            engine_opts=engine_opts,
+            model_path=model_path,
+            pins_dir=pins_dir,
+        )
+        if hint:
+            say(hint)
     if timings:
         say(outcome.timings.line())
     return outcome.result.exit_code

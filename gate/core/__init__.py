@@ -10,5 +10,7 @@ Its sub-packages are floors, each importing only from those above it in this lis
   records (`GateResult`), routing attribution, the run record;
 - `pins`: suites, oracle settings, pin folders and pin diffs;
 - `goldens`: golden files and the judging of moves;
-- `calibration`: drift statistics, the recommended doctrine, the self-test's judging.
+- `calibration`: drift statistics, the recommended doctrine, the self-test's judging;
+- `diagnosis`: `gate diagnose`'s capture records, error metric, honest band, localisation
+  rule and record (numpy, no torch; imports nothing else of gate).
 """

@@ -26,6 +26,9 @@ RENDERERS: dict[tuple[str, str], str] = {
     ("Calibration", "json"): "gate.reports.calibrate:render_calibration_json",
     ("SelfTestResult", "rich"): "gate.reports.selftest:render_selftest_text",
     ("SelfTestResult", "json"): "gate.reports.selftest:render_selftest_json",
+    ("Diagnosis", "rich"): "gate.reports.diagnose:render_diagnosis_text",
+    ("Diagnosis", "json"): "gate.reports.diagnose:render_diagnosis_json",
+    ("Diagnosis", "html"): "gate.reports.diagnose:render_diagnosis_html",
 }
 
 # Result type -> "module:function(result, console)" drawing the rich report on a terminal.
@@ -34,6 +37,7 @@ TERMINAL: dict[str, str] = {
     "GoldensResult": "gate.reports.goldens:print_goldens",
     "Calibration": "gate.reports.calibrate:print_calibration",
     "SelfTestResult": "gate.reports.selftest:print_selftest",
+    "Diagnosis": "gate.reports.diagnose:print_diagnosis",
 }
 
 

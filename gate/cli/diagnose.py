@@ -1,0 +1,168 @@
+"""`gate diagnose`: the layer, part and path where a failed gate's first defect enters.
+
+Exit codes: 0 nothing leaves the honest band (or nothing diverged), 1 a point leaves it
+(the report names the first), 2 bad input, 3 engine failure.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gate.cli import options
+
+if TYPE_CHECKING:
+    from gate.core.verdict.result import GateResult
+
+
+def run_diagnose(
+    *,
+    model: str | None,
+    engine: str | None,
+    engine_opts: list[str] | None,
+    model_path: Path | None,
+    reference_model: Path | None,
+    prompt: str | None,
+    position: int | None,
+    path: str | None,
+    honest_dtype: str,
+    fmt: str,
+    output: Path | None,
+    pins_dir: Path | None,
+    force: bool,
+) -> int:
+    from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
+    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.core.pins.pin import doctrine_for, load_pin
+    from gate.errors import InputError
+    from gate.models.default import resolve_model_path
+    from gate.reports import check_format
+    from gate.workflows.diagnose import diagnose_engine, target_given, target_of_result
+    from gate.workflows.engine_calls import open_engine
+    from gate.workflows.run import RunPlan, gate_run
+
+    fmt = check_format("Diagnosis", fmt)
+    refuse_overwrite(force, (output, "--output"))
+    if (prompt is None) != (position is None):
+        raise InputError("--prompt and --position go together (or neither: diagnose the gate's first defect)")
+    if path is not None and prompt is None:
+        raise InputError("--path goes with --prompt/--position (a divergence's own path is found from the gate)")
+    opts = parse_engine_opts(engine_opts)
+    pin = load_pin(model or default_model(), pins_dir)
+    name = engine or "hf"
+    from gate.engines.registry import resolve
+    from gate.workflows.diagnose import check_capturable
+
+    check_capturable(resolve(name), name)
+    target = None
+    if prompt is not None and position is not None:
+        target = target_given(pin, prompt, position, path or "decode")
+    notes: list[str] = []
+    with open_engine(load_engine_for(name, pin, opts, model_path), name) as cand:
+        if target is None:
+            say("running the gate to find the first defect (--prompt/--position skip this)")
+            with progress_bar() as bar:
+                outcome = gate_run(cand, pin, doctrine_for(pin, strict=False), RunPlan(), progress=ProgressBar(bar))
+            say(f"gate: {outcome.result.verdict}: {outcome.result.summary}")
+            target = target_of_result(pin, outcome.result)
+            if target is None:
+                say("gate diagnose: the candidate's tokens match the oracle's everywhere: nothing to diagnose")
+                return 0
+        if reference_model is not None:
+            weights = str(reference_model)
+        else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
+            weights = getattr(cand, "model_path", None) or resolve_model_path(pin.model)
+        say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
+        diagnosis = diagnose_engine(cand, target, str(weights), honest_dtype=honest_dtype, model=pin.model, notes=notes)
+    emit(diagnosis, fmt, output, force=force, engine_ran=True)
+    return diagnosis.exit_code
+
+
+def diagnose_hint(
+    result: GateResult,
+    *,
+    model: str,
+    engine: str,
+    engine_opts: list[str] | None,
+    model_path: Path | None = None,
+    pins_dir: Path | None = None,
+) -> str | None:
+    """The `gate diagnose` command for a failed result's first defect (else first divergence),
+    with the run's own model, engine, options, weights and pins."""
+    from gate.core.verdict.result import DEFECT, FAIL
+
+    if result.verdict != FAIL or not result.divergences:
+        return None
+    order = {p.id: i for i, p in enumerate(result.prompts)}
+    d = min(result.divergences, key=lambda x: (x.cls != DEFECT, order.get(x.prompt_id, 1 << 30), x.position))
+    words = ["gate", "diagnose", "--model", model, "--engine", engine]
+    for opt in engine_opts or ():
+        words += ["--engine-opt", opt]
+    if model_path is not None:
+        words += ["--model-path", str(model_path)]
+    if pins_dir is not None:
+        words += ["--pins-dir", str(pins_dir)]
+    words += ["--prompt", d.prompt_id, "--position", str(d.position)]
+    if d.source == "forced" and d.forced_mode == "prefill":
+        words += ["--path", "prefill"]
+    what = "first defect" if d.cls == DEFECT else f"first divergence ({d.cls.replace('_', ' ')})"
+    return (
+        f"the {what} is prompt {d.prompt_id}, position {d.position}; "
+        f"to find the layer and part it enters at: {shlex.join(words)}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("diagnose")
+    def diagnose_cmd(
+        model: options.Model = None,
+        engine: options.Engine = None,
+        engine_opt: options.EngineOpt = None,
+        model_path: options.ModelPath = None,
+        prompt: Annotated[
+            str | None, typer.Option("--prompt", help="Diagnose this prompt id (with --position), diverged or not.")
+        ] = None,
+        position: Annotated[
+            int | None, typer.Option("--position", help="The oracle position (0-based) to diagnose.")
+        ] = None,
+        path: Annotated[
+            str | None,
+            typer.Option("--path", help="With --prompt/--position: prefill or decode \\[default: decode]."),
+        ] = None,
+        reference_model: Annotated[
+            Path | None,
+            typer.Option(
+                "--reference-model",
+                help="The transformers weights of the reference and the honest band \\[default: the candidate's "
+                "own for hf engines, else the pin's model].",
+            ),
+        ] = None,
+        honest_dtype: Annotated[
+            str, typer.Option("--honest-dtype", help="The honest engine's dtype (the band).")
+        ] = "bfloat16",
+        fmt: Annotated[str, typer.Option("--format", help="rich, json or html.")] = "rich",
+        output: options.Output = None,
+        pins_dir: options.PinsDir = None,
+        force: options.Force = False,
+    ) -> None:
+        """Locate where a failure enters: the layer, the part and the path (exit 0 nothing located, 1 located)."""
+        raise typer.Exit(
+            run_diagnose(
+                model=model,
+                engine=engine,
+                engine_opts=engine_opt,
+                model_path=model_path,
+                reference_model=reference_model,
+                prompt=prompt,
+                position=position,
+                path=path,
+                honest_dtype=honest_dtype,
+                fmt=fmt,
+                output=output,
+                pins_dir=pins_dir,
+                force=force,
+            )
+        )

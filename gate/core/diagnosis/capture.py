@@ -1,0 +1,121 @@
+"""One engine's activations over one context: capture points in forward order, each an array
+[positions, features] (float32) with the context positions its rows belong to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PREFILL = "prefill"
+DECODE = "decode"
+PATHS = (PREFILL, DECODE)
+
+EMBEDDING = "embedding"
+NORM = "norm"
+ATTENTION = "attention"
+MLP = "mlp"
+EXPERTS = "experts"
+ROUTER = "router"
+RESIDUAL = "residual"  # the residual stream after a decoder layer (the layer's output)
+FINAL_NORM = "final_norm"
+LM_HEAD = "lm_head"
+PARTS = (EMBEDDING, NORM, ATTENTION, MLP, EXPERTS, ROUTER, RESIDUAL, FINAL_NORM, LM_HEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """Where a tensor was read: the decoder layer (-1 the embedding, the layer count for the
+    final norm and lm_head), the part, and the module's name in the transformers model
+    (`model.layers.9.self_attn`), which tells a layer's two norms apart."""
+
+    layer: int
+    part: str
+    module: str
+
+    def __post_init__(self) -> None:
+        if self.part not in PARTS:
+            raise ValueError(f"unknown part {self.part!r} (known: {', '.join(PARTS)})")
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One capture point's rows: `values[i]` is the output at context position `positions[i]`."""
+
+    point: Point
+    positions: tuple[int, ...]
+    values: np.ndarray  # [len(positions), features], float32
+
+    def __post_init__(self) -> None:
+        if self.values.ndim != 2 or self.values.shape[0] != len(self.positions):
+            raise ValueError(f"{self.point.module}: {self.values.shape} values for {len(self.positions)} positions")
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """An engine's capture over one context through one path, points in forward order."""
+
+    path: str
+    context_length: int
+    tensors: tuple[Tensor, ...]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def by_module(self) -> dict[str, Tensor]:
+        return {t.point.module: t for t in self.tensors}
+
+    @property
+    def layer_count(self) -> int:
+        return max((t.point.layer for t in self.tensors if t.point.part == RESIDUAL), default=-1) + 1
+
+
+def stack_rows(
+    chunks: Iterable[tuple[int, np.ndarray]], width: int | None = None
+) -> tuple[tuple[int, ...], np.ndarray]:
+    """Rows from several forwards, each (first position, [rows, features]), as one array."""
+    positions: list[int] = []
+    arrays: list[np.ndarray] = []
+    for start, rows in chunks:
+        positions.extend(range(start, start + rows.shape[0]))
+        arrays.append(rows)
+    if not arrays:
+        return (), np.zeros((0, width or 0), dtype=np.float32)
+    return tuple(positions), np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
+
+
+def aligned(a: Tensor, b: Tensor) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """The rows of `a` and `b` at the positions both have, in position order."""
+    common = sorted(set(a.positions) & set(b.positions))
+    ia = {p: i for i, p in enumerate(a.positions)}
+    ib = {p: i for i, p in enumerate(b.positions)}
+    return tuple(common), a.values[[ia[p] for p in common]], b.values[[ib[p] for p in common]]
+
+
+def capture_to_arrays(capture: Capture) -> dict[str, np.ndarray]:
+    """The capture as named arrays (an .npz without pickles): values, positions and the point."""
+    out: dict[str, np.ndarray] = {
+        "path": np.array(capture.path),
+        "context_length": np.array(capture.context_length),
+    }
+    for i, t in enumerate(capture.tensors):
+        out[f"t{i}.values"] = t.values
+        out[f"t{i}.positions"] = np.asarray(t.positions, dtype=np.int64)
+        out[f"t{i}.point"] = np.array([str(t.point.layer), t.point.part, t.point.module])
+    return out
+
+
+def capture_from_arrays(arrays: Mapping[str, np.ndarray]) -> Capture:
+    tensors: list[Tensor] = []
+    i = 0
+    while f"t{i}.values" in arrays:
+        layer, part, module = (str(x) for x in arrays[f"t{i}.point"])
+        tensors.append(
+            Tensor(
+                Point(int(layer), part, module),
+                tuple(int(p) for p in arrays[f"t{i}.positions"]),
+                np.asarray(arrays[f"t{i}.values"], dtype=np.float32),
+            )
+        )
+        i += 1
+    return Capture(str(arrays["path"]), int(arrays["context_length"]), tuple(tensors))

@@ -1,0 +1,56 @@
+"""The localisation rule: compare the candidate's capture and the honest engine's with the
+reference's, point by point in forward order, and name the first point whose error leaves
+its honest band by more than the margin."""
+
+from __future__ import annotations
+
+from gate.core.diagnosis.capture import Capture, aligned
+from gate.core.diagnosis.metric import MARGIN, band, point_error, ratio
+from gate.core.diagnosis.record import LayerError, PathFinding
+
+
+def compare_path(reference: Capture, honest: Capture, candidate: Capture, *, margin: float = MARGIN) -> PathFinding:
+    """Each reference point that the candidate also has, in the reference's forward order.
+
+    A point the honest engine lacks gets the band floor; a point the candidate lacks (a
+    skipped layer's attention, say) is listed in `missing` and not compared: the layer's
+    residual stream still is. The first point past `margin` times its band is the finding.
+    """
+    if not (reference.path == honest.path == candidate.path):
+        raise ValueError(f"paths differ: {reference.path}, {honest.path}, {candidate.path}")
+    honest_by = honest.by_module()
+    cand_by = candidate.by_module()
+    rows: list[LayerError] = []
+    missing: list[str] = []
+    first: LayerError | None = None
+    for ref in reference.tensors:
+        module = ref.point.module
+        cand = cand_by.get(module)
+        if cand is None or cand.values.shape[1] != ref.values.shape[1]:
+            missing.append(module)
+            continue
+        positions, r, c = aligned(ref, cand)
+        if not positions:
+            missing.append(module)
+            continue
+        err = point_error(positions, r, c)
+        hon = honest_by.get(module)
+        if hon is not None and hon.values.shape[1] == ref.values.shape[1]:
+            hp, hr, hv = aligned(ref, hon)
+            honest_err = point_error(hp, hr, hv).error
+        else:
+            honest_err = 0.0
+        b = band(honest_err)
+        row = LayerError(
+            layer=ref.point.layer,
+            part=ref.point.part,
+            module=module,
+            error=err.error,
+            honest_band=b,
+            ratio=ratio(err.error, b),
+            position=err.position,
+        )
+        rows.append(row)
+        if first is None and row.ratio > margin:
+            first = row
+    return PathFinding(path=reference.path, layers=tuple(rows), first=first, missing=tuple(missing))

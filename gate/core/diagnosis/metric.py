@@ -1,0 +1,79 @@
+"""The error of a capture point against the reference, and how far honest noise may take it.
+
+The metric is the relative L2 error of each position's vector, ||candidate - reference|| /
+||reference||, and a point's error is its worst position over the whole context. Why:
+- relative, so that one number means the same at the embedding (norms near 1), in the
+  residual stream (norms in the hundreds at a massive-activation position) and at lm_head;
+- per position before the maximum, so that a position with a huge norm (the first token's
+  residual stream often has one) cannot hide an error at an ordinary one, and a bug that
+  enters at an early position and reaches the diagnosed one through attention is seen where
+  it enters;
+- not 1 - cosine, which is blind to scale: a norm weight off by a factor, or an MLP output
+  doubled, leaves the cosine at 1;
+- not NMSE (its square), so that a ratio to the band reads linearly: a bug twice as large
+  is twice as far out.
+
+The honest band of a point is the error the honest engine (the same weights in the
+candidate's working dtype, e.g. transformers bfloat16) makes at that point against the
+reference (transformers float32), never narrower than BAND_FLOOR: where the honest engine
+is exact (a bf16 embedding lookup read back in float32 is), one rounding to bfloat16 is
+still honest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+METRIC = "relative_l2"
+METRIC_TEXT = "relative L2 error per position (||candidate - reference|| / ||reference||), worst position"
+# bfloat16's unit roundoff, 2^-8: one rounding of a value to bfloat16 moves it by up to this
+# fraction; the band is never narrower.
+BAND_FLOOR = 2.0**-8
+# How far past its honest band a point's error must be before it is located there, measured
+# on honest variants (ISA paths, thread counts, eager vs sdpa attention) against the
+# in-process band: docs/diagnose.md, scripts/diagnose_margin.py. The largest honest ratio
+# measured on the default model is 2.81 (lm_head, prefill, ATEN_CPU_CAPABILITY=default);
+# 4 leaves room above it while the planted bugs of the tests sit at 11x and beyond.
+MARGIN = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class PointError:
+    """One point's error: its worst position's relative error, that position, and how many
+    positions were compared."""
+
+    error: float
+    position: int
+    positions: int
+
+
+def relative_errors(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Per row: ||other - reference|| / ||reference|| in float64; a row with a non-finite
+    value is infinitely wrong; a zero reference row is 0 when matched, else infinite."""
+    ref = reference.astype(np.float64, copy=False)
+    oth = other.astype(np.float64, copy=False)
+    finite = np.isfinite(oth).all(axis=1)
+    diff = np.linalg.norm(np.where(np.isfinite(oth), oth, 0.0) - ref, axis=1)
+    scale = np.linalg.norm(ref, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), np.where(diff > 0, np.inf, 0.0))
+    return np.where(finite, rel, np.inf)
+
+
+def point_error(positions: tuple[int, ...], reference: np.ndarray, other: np.ndarray) -> PointError:
+    """The worst position's relative error (the earliest among equal worst)."""
+    if not positions:
+        return PointError(0.0, -1, 0)
+    rel = relative_errors(reference, other)
+    i = int(np.argmax(rel))
+    return PointError(float(rel[i]), positions[i], len(positions))
+
+
+def band(honest_error: float) -> float:
+    return max(honest_error, BAND_FLOOR)
+
+
+def ratio(error: float, honest_band: float) -> float:
+    return float("inf") if not np.isfinite(error) else error / honest_band

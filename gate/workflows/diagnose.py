@@ -1,0 +1,232 @@
+"""`gate diagnose`: from a position of a failed gate to the layer and part where the bug enters.
+
+The context is the prompt plus the oracle's tokens before the position. It is fed to three
+engines through the path the divergence came from (a free-run or forced-decode position:
+the decode path, a prefill over the prompt then one token at a time through the KV cache;
+a position read from a prefill, `forced_mode` "prefill": one prefill over the context):
+- the reference, transformers in float32 on the same weights;
+- the honest engine, transformers in the candidate's working dtype (bfloat16), whose error
+  against the reference at each point is that point's honest band;
+- the candidate, captured through its own adapter (gate.engines.capture_hf, capture_llamacpp,
+  capture_vllm).
+The other path is run too, to say which of the two shows the deviation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture
+from gate.core.diagnosis.locate import compare_path
+from gate.core.diagnosis.metric import MARGIN, METRIC
+from gate.core.diagnosis.record import Diagnosis
+from gate.core.verdict.result import DEFECT, FORCED, GateResult
+from gate.errors import InputError
+
+if TYPE_CHECKING:
+    from gate.core.pins.pin import Pin
+
+GIVEN = "given"  # the source of a position named on the command line
+# (prompt ids, context ids, path) -> the capture
+Capturer = Callable[[Sequence[int], Sequence[int], str], Capture]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The position to diagnose, its context and the path it came from."""
+
+    prompt_id: str
+    position: int
+    source: str
+    path: str
+    prompt_ids: tuple[int, ...]
+    context_ids: tuple[int, ...]
+    divergence_class: str | None = None
+
+
+def target_given(pin: Pin, prompt_id: str, position: int, path: str = DECODE) -> Target:
+    """`--prompt ID --position N`: that position of the pinned oracle, diverged or not."""
+    if path not in PATHS:
+        raise InputError(f"--path {path!r}: expected prefill or decode")
+    records = {r.id: r for r in pin.trace.records}
+    rec = records.get(prompt_id)
+    if rec is None:
+        close = ", ".join(list(records)[:5])
+        raise InputError(f"--prompt {prompt_id!r}: the pin of {pin.model} has no such prompt (first ids: {close})")
+    n = len(rec.token_ids)
+    if not 0 <= position < n:
+        raise InputError(f"--position {position}: prompt {prompt_id!r} has oracle positions 0..{n - 1}")
+    return Target(
+        prompt_id=prompt_id,
+        position=position,
+        source=GIVEN,
+        path=path,
+        prompt_ids=tuple(rec.prompt_token_ids),
+        context_ids=tuple(rec.prompt_token_ids) + tuple(rec.token_ids[:position]),
+    )
+
+
+def path_of(source: str, forced_mode: str | None) -> str:
+    """A forced position read from a prefill came through the prefill path; free-run and
+    forced-decode positions through the decode path."""
+    return PREFILL if source == FORCED and forced_mode == PREFILL else DECODE
+
+
+def target_of_result(pin: Pin, result: GateResult) -> Target | None:
+    """The first defect of the gate's result (prompt order, then position), else its first
+    divergence; None when nothing diverged."""
+    if not result.divergences:
+        return None
+    order = {r.id: i for i, r in enumerate(pin.trace.records)}
+    ranked = sorted(result.divergences, key=lambda d: (d.cls != DEFECT, order.get(d.prompt_id, 1 << 30), d.position))
+    d = ranked[0]
+    t = target_given(pin, d.prompt_id, d.position, path_of(d.source, d.forced_mode))
+    return Target(t.prompt_id, t.position, d.source, t.path, t.prompt_ids, t.context_ids, d.cls)
+
+
+def other(path: str) -> str:
+    return PREFILL if path == DECODE else DECODE
+
+
+def diagnose(
+    target: Target,
+    candidate: Capturer,
+    reference: Capturer,
+    honest: Capturer,
+    *,
+    margin: float = MARGIN,
+    both_paths: bool = True,
+    engines: dict[str, Any] | None = None,
+    model: str = "",
+    notes: Sequence[str] = (),
+) -> Diagnosis:
+    """Capture the three engines on the target's path (and the other path) and locate."""
+    findings = {}
+    layer_count = 0
+    for path in (target.path, other(target.path)) if both_paths else (target.path,):
+        ref = reference(target.prompt_ids, target.context_ids, path)
+        hon = honest(target.prompt_ids, target.context_ids, path)
+        cand = candidate(target.prompt_ids, target.context_ids, path)
+        layer_count = ref.layer_count
+        findings[path] = compare_path(ref, hon, cand, margin=margin)
+        del ref, hon, cand  # a capture of a large model is large: one path at a time
+    return Diagnosis(
+        prompt_id=target.prompt_id,
+        position=target.position,
+        source=target.source,
+        path=target.path,
+        finding=findings[target.path],
+        other=findings.get(other(target.path)),
+        margin=margin,
+        metric=METRIC,
+        prompt_length=len(target.prompt_ids),
+        context_length=len(target.context_ids),
+        layer_count=layer_count,
+        divergence_class=target.divergence_class,
+        engines=dict(engines or {}),
+        model=model,
+        notes=tuple(notes),
+    )
+
+
+def capture_kind(cls: type) -> str | None:
+    """ "hf" for HFEngine and its subclasses, "llamacpp" for LlamaCppEngine's, else None."""
+    names = {c.__module__ + "." + c.__qualname__ for c in cls.__mro__}
+    if "gate.engines.hf.HFEngine" in names:
+        return "hf"
+    if "gate.engines.llamacpp.LlamaCppEngine" in names:
+        return "llamacpp"
+    if "gate.engines.vllm.VLLMEngine" in names:
+        return "vllm"
+    return None
+
+
+def check_capturable(cls: type, name: str) -> None:
+    """Refuse, before an engine loads, one that gate diagnose cannot capture."""
+    if capture_kind(cls) is None:
+        raise InputError(
+            f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine), "
+            "llamacpp and vllm; docs/diagnose.md says what ortgenai would need"
+        )
+
+
+def capturer_for(engine: Any) -> Capturer:
+    """The capture adapter for a loaded candidate engine."""
+    kind = capture_kind(type(engine))
+    if kind == "hf":
+        from gate.engines.capture_hf import capture_hf
+
+        return lambda p, c, path: capture_hf(engine, p, c, path)
+    if kind == "llamacpp":
+        from gate.engines.capture_llamacpp import capture_llamacpp
+
+        return lambda p, c, path: capture_llamacpp(engine, p, c, path)
+    if kind == "vllm":
+        from gate.engines.capture_vllm import capture_vllm
+
+        return lambda p, c, path: capture_vllm(engine, p, c, path)
+    check_capturable(type(engine), str(getattr(engine, "name", type(engine).__name__)))
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def reference_engines(model_path: str, *, honest_dtype: str = "bfloat16") -> Iterator[tuple[Any, Any]]:
+    """(reference, honest): transformers float32 and `honest_dtype` on the same weights."""
+    from gate.engines.hf import HFEngine
+
+    ref = HFEngine(model_path, dtype="float32")
+    hon: HFEngine | None = None
+    try:
+        hon = HFEngine(model_path, dtype=honest_dtype)
+        yield ref, hon
+    finally:
+        ref.close()
+        if hon is not None:
+            hon.close()
+
+
+def diagnose_engine(
+    engine: Any,
+    target: Target,
+    model_path: str,
+    *,
+    honest_dtype: str = "bfloat16",
+    margin: float = MARGIN,
+    model: str = "",
+    notes: Sequence[str] = (),
+) -> Diagnosis:
+    """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
+    from gate.engines.capture_hf import capture_hf
+
+    candidate = capturer_for(engine)
+    with reference_engines(model_path, honest_dtype=honest_dtype) as (ref, hon):
+        engines = {
+            "candidate": _describe(engine),
+            "reference": _describe(ref),
+            "honest": _describe(hon),
+        }
+        return diagnose(
+            target,
+            candidate,
+            lambda p, c, path: capture_hf(ref, p, c, path),
+            lambda p, c, path: capture_hf(hon, p, c, path),
+            margin=margin,
+            engines=engines,
+            model=model,
+            notes=notes,
+        )
+
+
+def _describe(engine: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": getattr(engine, "name", type(engine).__name__), "class": type(engine).__name__}
+    for key in ("dtype", "attn_implementation"):
+        value = getattr(engine, key, None)
+        if value is not None:
+            out[key] = str(value).removeprefix("torch.")
+    options = getattr(engine, "options", None)
+    if isinstance(options, dict):
+        out["options"] = {k: v for k, v in options.items() if v is not None}
+    return out

@@ -1,0 +1,83 @@
+"""One `gate diagnose` on the default model: wall time and peak memory as ratios against a plain
+forward (one prefill) of the same context by the same candidate engine, in the same process.
+
+    flock /tmp/gate-heavy.lock env OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python scripts/bench_diagnose.py
+
+Peak memory is the process's resident set, sampled every 2 ms by a thread, during each step
+(the candidate already loaded before both); the diagnosis loads the reference (float32) and
+the honest engine (bfloat16) itself, and its time includes those loads and both paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measured(fn: Callable[[], Any]) -> tuple[float, int, Any]:
+    """(seconds, peak RSS in bytes while it ran, its result)."""
+    peak = rss()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, rss())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    start = time.perf_counter()
+    out = fn()
+    seconds = time.perf_counter() - start
+    done.set()
+    t.join()
+    return seconds, max(peak, rss()), out
+
+
+def main() -> None:
+    import torch
+
+    from gate.core.pins.pin import load_pin
+    from gate.engines.hf import HFEngine
+    from gate.models.default import DEFAULT_MODEL
+    from gate.workflows.diagnose import diagnose_engine, target_given
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--position", type=int, default=16)
+    parser.add_argument("--prompt", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    pin = load_pin(DEFAULT_MODEL)
+    prompt = args.prompt or pin.trace.records[0].id
+    target = target_given(pin, prompt, args.position)
+    engine = HFEngine(DEFAULT_MODEL)
+    ids = list(target.context_ids)
+
+    def plain() -> Any:
+        with torch.inference_mode():
+            return engine._prefill(ids)
+
+    plain()  # warm
+    base_s, base_peak, _ = measured(plain)
+    diag_s, diag_peak, d = measured(lambda: diagnose_engine(engine, target, engine.model_path, model=pin.model))
+    mib = 1 << 20
+    print(f"model {DEFAULT_MODEL}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
+    print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
+    print(f"plain forward (one prefill):   {base_s * 1000:8.1f} ms, peak RSS {base_peak / mib:7.0f} MiB")
+    print(f"one diagnosis (both paths):    {diag_s * 1000:8.1f} ms, peak RSS {diag_peak / mib:7.0f} MiB")
+    print(f"ratio: time {diag_s / base_s:.0f}x, peak memory {diag_peak / base_peak:.2f}x")
+    print(f"diagnosis: {d.summary}")
+
+
+if __name__ == "__main__":
+    main()
