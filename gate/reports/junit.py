@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, Divergence, GateResult, PromptResult
 from gate.reports._common import (
     CLASS_LABELS,
@@ -36,7 +37,7 @@ def xml_text(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def describe(d: Divergence, near_tie_mnats: float) -> str:
+def describe(d: Divergence, near_tie_mnats: Doctrine | float) -> str:
     """A few lines that let a person adjudicate one divergence from a CI log."""
     lines = [
         f"{d.prompt_id} position {d.position} ({source_label(d)}): {CLASS_LABELS.get(d.cls, d.cls)}",
@@ -80,7 +81,7 @@ def render_junit(result: GateResult) -> str:
     ):
         ET.SubElement(props, "property", name=key, value=xml_text(value))
     classname = xml_text(f"gate.{result.model or 'model'}")
-    near = result.doctrine.near_tie_mnats
+    near = result.doctrine
     for p in result.prompts:
         case = ET.SubElement(suite, "testcase", classname=classname, name=xml_text(p.id), time="0")
         divs = groups.get(p.id, [])
