@@ -253,6 +253,25 @@ def drift_line(result: GateResult) -> str | None:
     return line
 
 
+def not_greedy_line(result: GateResult) -> str | None:
+    """Where the candidate's own choice is not the top of the list it reports, said loudly:
+    its lists are then no evidence, and every flip it makes is a defect."""
+    total = result.not_greedy_total
+    if not total:
+        return None
+    shown = ", ".join(
+        f"{g.prompt_id}@{g.position} ({'forced' if g.source == FORCED else 'free run'}: took {g.chosen}, "
+        + (f"{fmt_mnats(g.behind_mnats)} mnats below {g.best_token})" if g.behind_mnats is not None else "not listed)")
+        for g in result.not_greedy[:3]
+    )
+    more = f" and {total - 3} more" if total > 3 else ""
+    return (
+        f"the candidate is not greedy over its own logprobs at {total} position{'s' if total != 1 else ''}: {shown}{more} — its "
+        "sampler does not take the top of the logprobs it reports (a penalty or a sampling setting left on?), "
+        "so its lists earn no allowance and every flip is a defect"
+    )
+
+
 def provenance_line(result: GateResult) -> str:
     parts = []
     if result.model:

@@ -51,6 +51,7 @@ from gate.reports._common import (
     class_counts,
     doctrine_line,
     drift_line,
+    not_greedy_line,
     fmt_logprob,
     fmt_mnats,
     fmt_ulps,
@@ -144,6 +145,7 @@ def _header(result: GateResult) -> str:
         + (f" · {escape(prov)}" if prov else "")
         + "</p>"
         + (f'<p class="note">{escape(drift_line(result) or "")}</p>' if result.drift is not None else "")
+        + (f'<p class="note"><b>{escape(not_greedy_line(result) or "")}</b></p>' if result.not_greedy_total else "")
         + "".join(f'<p class="note">warning: {escape(w)}</p>' for w in result.warnings)
         + f'</header>\n<section class="cards">{card_html}</section>'
     )

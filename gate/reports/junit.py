@@ -18,6 +18,7 @@ from gate.reports._common import (
     class_counts,
     doctrine_line,
     drift_line,
+    not_greedy_line,
     fmt_logprob,
     fmt_mnats,
     for_humans,
@@ -77,6 +78,7 @@ def render_junit(result: GateResult) -> str:
         ("oracle_engine", result.oracle_engine),
         ("candidate_engine", result.candidate_engine),
         *((("drift", drift_line(result) or ""),) if result.drift is not None else ()),
+        *((("not_greedy", not_greedy_line(result) or ""),) if result.not_greedy_total else ()),
         *(("warning", w) for w in result.warnings),
     ):
         ET.SubElement(props, "property", name=key, value=xml_text(value))

@@ -15,6 +15,7 @@ from gate.reports._common import (
     class_counts,
     doctrine_line,
     drift_line,
+    not_greedy_line,
     fmt_logprob,
     fmt_mnats,
     for_humans,
@@ -36,11 +37,17 @@ OPEN_ROWS = 25
 
 
 def cell(text: str) -> str:
-    """One table cell: pipes, backticks, HTML and newlines escaped."""
+    """One table cell: pipes, backticks, HTML, link and image syntax (`[`, `]`, `(`, `)`,
+    `!`) and newlines escaped: a token's text never renders as a live link or image."""
     out = (
         printable(text)
         .replace("\\", "\\\\")
         .replace("|", "\\|")
+        .replace("[", "\\[")
+        .replace("]", "\\]")
+        .replace("(", "\\(")
+        .replace(")", "\\)")
+        .replace("!", "\\!")
         .replace("`", "\\`")
         .replace("<", "&lt;")
         .replace(">", "&gt;")
@@ -66,6 +73,9 @@ def render_markdown(result: GateResult) -> str:
     drift = drift_line(result)
     if drift is not None:
         lines += [f"**{cell(drift)}**" if result.drift and result.drift.beyond else cell(drift), ""]
+    greedy = not_greedy_line(result)
+    if greedy is not None:
+        lines += [f"**{cell(greedy)}**", ""]
     lines += _prompt_table(result)
     if result.divergences:
         lines += _divergence_table(result)
@@ -131,15 +141,15 @@ def _divergence_row(d: Divergence) -> str:
         f"| {cell(token_label(d.candidate_token, d.candidate_text))} "
         f"| {cell(fmt_logprob(d.oracle_logprob))} | {cell(fmt_logprob(d.candidate_logprob))} "
         f"| {cell(gap_label(d))} | {cell(fmt_mnats(d.top2_gap_mnats))} "
-        f"| {'—' if d.candidate_rank is None else d.candidate_rank} | {d.tie_break or '—'} |"
+        f"| {'—' if d.candidate_rank is None else d.candidate_rank} | {d.tie_break or '—'} | {cell(d.rule or '—')} |"
     )
 
 
 def _divergence_table(result: GateResult) -> list[str]:
     header = [
         "| prompt | position | source | class | oracle | candidate | oracle logprob | candidate logprob "
-        "| oracle − candidate (mnats) | top-2 gap (mnats) | rank | tie-break |",
-        "|---|--:|---|---|---|---|--:|--:|--:|--:|--:|---|",
+        "| oracle − candidate (mnats) | top-2 gap (mnats) | rank | tie-break | decided by |",
+        "|---|--:|---|---|---|---|--:|--:|--:|--:|--:|---|---|",
     ]
     rows = [_divergence_row(d) for d in result.divergences]
     return ["### Divergences", "", *_fold(rows, header, f"{len(rows) - OPEN_ROWS} more divergences")]

@@ -23,6 +23,7 @@ from gate.reports._common import (
     class_counts,
     doctrine_line,
     drift_line,
+    not_greedy_line,
     fmt_logprob,
     fmt_mnats,
     fmt_ulps,
@@ -91,6 +92,9 @@ def report_parts(
     drift = drift_line(result)
     if drift is not None:
         parts.append(Text(drift, style="bold red" if result.drift and result.drift.beyond else "dim"))
+    greedy = not_greedy_line(result)
+    if greedy is not None:
+        parts.append(Text(greedy, style="bold red"))
     parts.append(prompt_table(result, max_rows=max_prompt_rows))
     divs = list(result.divergences)
     if divs:
