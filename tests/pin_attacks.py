@@ -104,7 +104,7 @@ def candidate(
         if forced:
             c["forced_token_ids"] = picks
             if forced_lists:
-                c["forced_top_logprobs"] = lists
+                c["forced_top_logprobs"] = [[list(x) for x in t] for t in lists]
         out.append(c)
     return head, out
 
