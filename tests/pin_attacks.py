@@ -59,7 +59,8 @@ def raise_runner_up(units: float) -> Own:
 
     def own(_p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> list[list[Any]]:
         r = int(top[1][0])
-        return resort([t, lp + units * unit(rec, i) if t == r else lp] for t, lp in top)
+        # Never above 0: a logprob is at most 0 (the reader refuses more).
+        return resort([t, min(lp + units * unit(rec, i), 0.0) if t == r else lp] for t, lp in top)
 
     return own
 

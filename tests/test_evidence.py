@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
+from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import classify, compare
 from gate.core.verdict.doctrine import Doctrine, Evidence
 from gate.core.verdict.evidence import (
-    FORCED_TOP_KEY,
     MIN_DRIFT_POSITIONS,
     aligned_tops,
     candidate_margin,

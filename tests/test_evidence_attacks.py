@@ -146,9 +146,10 @@ def test_a_tail_beyond_the_limit_is_caught(tmp_path: Path) -> None:
     """A 5-unit bias at every fifth position: every median stays 0, the run's p90 is 5."""
 
     def own(p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> list[list[Any]]:
-        return raise_runner_up(-5.0)(p, rec, i, top) if (p + i) % 5 == 0 else [list(x) for x in top]
+        return raise_runner_up(5.0)(p, rec, i, top) if (p + i) % 5 == 0 else [list(x) for x in top]
 
     code, report = _compare(tmp_path, *candidate(own))
+    assert code == 1, report["summary"]
     assert any(w.startswith("run p90") for w in report["drift"]["beyond_where"]), report["drift"]
 
 

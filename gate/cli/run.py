@@ -58,7 +58,7 @@ def run_gate(
     # A bad threshold fails before any work.
     Doctrine(near_tie_mnats=0.0 if near_tie_mnats is None else near_tie_mnats, near_tie_ulps=near_tie_ulps)
     # Refuse to clobber before spending minutes on a model.
-    refuse_overwrite(force, (save_trace, "--save-trace"), (output, "--output"))
+    refuse_overwrite(force, (save_trace, "--save-trace"), (output, "--output"), inputs=(candidate_trace,))
 
     if candidate_trace is not None:
         given = [

@@ -266,7 +266,8 @@ def not_greedy_line(result: GateResult) -> str | None:
     )
     more = f" and {total - 3} more" if total > 3 else ""
     return (
-        f"the candidate is not greedy over its own logprobs at {total} position{'s' if total != 1 else ''}: {shown}{more} — its "
+        f"the candidate is not greedy over its own logprobs at {total} position{'s' if total != 1 else ''}: "
+        f"{shown}{more} — its "
         "sampler does not take the top of the logprobs it reports (a penalty or a sampling setting left on?), "
         "so its lists earn no allowance and every flip is a defect"
     )

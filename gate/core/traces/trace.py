@@ -593,7 +593,7 @@ def check_forced_top(
         raise TraceError(name, lineno, fld, why)
     compact = isinstance(value, TopLogprobs) and len(value) == len(forced_ids)
     if compact and value.ids.shape[1] <= header.top_k + 1:
-        return value  # type: ignore[no-any-return]  # the reader's own arrays: validated when made
+        return value  # the reader's own arrays: validated when made
     return check_top_logprobs(name, lineno, value, forced_ids, oracle=False, fld=fld, top_k=header.top_k)
 
 

@@ -14,16 +14,9 @@ from typing import Any
 from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, TopList, Trace, TraceHeader
 from gate.core.verdict.consistency import check_something_to_compare, header_warnings
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
-from gate.core.verdict.evidence import (
-    CandidateEvidence,
-    OwnLists,
-    RunDrift,
-    candidate_evidence,
-    candidate_margin,
-    evidence_verdict,
-    run_drift,
-)
+from gate.core.verdict.evidence import RunDrift, candidate_margin, evidence_verdict, run_drift
 from gate.core.verdict.grid import grid_step, logprob_slack
+from gate.core.verdict.own_lists import CandidateEvidence, OwnLists, candidate_evidence
 from gate.core.verdict.result import (
     _SEVERITY,
     ALTERNATIVES_SHOWN,

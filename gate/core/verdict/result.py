@@ -8,7 +8,8 @@ from typing import Any
 
 from gate.core.traces.moe import RoutingFlip, RoutingSummary
 from gate.core.verdict.doctrine import Doctrine
-from gate.core.verdict.evidence import NotGreedy, RunDrift
+from gate.core.verdict.evidence import RunDrift
+from gate.core.verdict.own_lists import NotGreedy
 from gate.core.verdict.run_record import RunRecord
 
 EXACT_TIE = "exact_tie"
