@@ -147,7 +147,7 @@ def why(d: Divergence, doctrine: Doctrine | float, *, with_rule: bool = True) ->
                 f"near tie by the evidence rule: the oracle's gap is {fmt_ulps(d.gap_units)} {unit} "
                 f"(limit {ev.oracle_ulps:g}; {below}{steps}) and the candidate's own list holds its token "
                 f"{fmt_ulps(d.candidate_margin_ulps)} units above the oracle's (limit {ev.candidate_ulps:g}), "
-                f"in a run whose drift is within the doctrine — beyond the {mnats}-mnat threshold"
+                f"in a run not found drifting beyond the doctrine — beyond the {mnats}-mnat threshold"
             )
         if rule == RULE_GRID and doc.near_tie_ulps is not None:
             return (
@@ -226,9 +226,11 @@ def doctrine_text(d: Doctrine) -> str:
     grid = f"{d.dtype or 'bfloat16'} grid steps"
     if d.evidence is not None:
         e = d.evidence
+        units = f"units (the {d.dtype or 'bfloat16'} grid step at max(|top logit|, {e.floor_logit:g}))"
         parts.append(
-            f"or, weighing the candidate's evidence, an oracle gap up to {e.oracle_ulps:g} {grid} with the "
-            f"candidate's own margin up to {e.candidate_ulps:g} and the run's drift up to {e.drift_ulps:g}"
+            f"or, weighing the candidate's evidence, an oracle gap up to {e.oracle_ulps:g} {units} with the "
+            f"candidate's own margin up to {e.candidate_ulps:g} and its drift up to {e.drift_ulps:g} (median over "
+            f"the run, each prompt and each window of positions; p90 up to {e.tail_limit_ulps:g})"
         )
         if d.near_tie_ulps is not None:
             parts.append(f"without evidence {d.near_tie_ulps:g} {grid}")
