@@ -106,3 +106,17 @@ def test_an_honest_large_trace_stays_well_within_the_budget() -> None:
         trace_mod._compacted = real  # type: ignore[assignment]
     assert sum(seen) > 0  # the arrays' savings were counted
     assert PIN.stat().st_size * 40 < trace_mod.MAX_TRACE_COST
+
+
+def test_run_never_writes_over_its_pin(tmp_path: Path) -> None:
+    import shutil
+
+    pins = tmp_path / "pins"
+    folder = pins / "HuggingFaceTB" / "SmolLM2-135M-Instruct"
+    shutil.copytree(PIN.parent, folder)
+    pin_file = folder / "pin.jsonl"
+    before = pin_file.read_bytes()
+    cand = write(tmp_path / "cand.jsonl", *candidate(same))
+    r = invoke(["run", "--pins-dir", str(pins), "--candidate-trace", str(cand), "-o", str(pin_file), "--force"])
+    assert r.exit_code == 2, r.output
+    assert "is the input" in r.stderr and pin_file.read_bytes() == before

@@ -71,6 +71,19 @@ def refuse_input_as_output(targets: Sequence[tuple[Path | None, str]], inputs: S
             raise InputError(f"{name}: is also where another output goes ({other}); give each output its own file")
 
 
+def pin_inputs(model: str, pins_dir: Path | None) -> tuple[Path, ...]:
+    """The files of `model`'s pin (none when there is no pin: that error comes later, in
+    its own words): inputs of every command that judges against the pin."""
+    from gate.core.pins.pin import find_folder
+    from gate.errors import GateError
+
+    try:
+        folder = find_folder(model, pins_dir)
+    except GateError:
+        return ()
+    return (folder.pin_path, folder.suite_path, folder.settings_path)
+
+
 def write_data(data: bytes, output: Path | None, *, force: bool = False, backup: bool = False) -> Path | None:
     """Data to `output` atomically (returns the backup kept, if any), or to stdout."""
     if to_stdout(output):

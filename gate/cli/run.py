@@ -44,7 +44,7 @@ def run_gate(
     repeat: int = 1,
 ) -> int:
     from gate.cli.common import default_model, parse_engine_opts
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.traces.trace import read_trace, write_trace
     from gate.core.verdict.doctrine import Doctrine
@@ -58,7 +58,12 @@ def run_gate(
     # A bad threshold fails before any work.
     Doctrine(near_tie_mnats=0.0 if near_tie_mnats is None else near_tie_mnats, near_tie_ulps=near_tie_ulps)
     # Refuse to clobber before spending minutes on a model.
-    refuse_overwrite(force, (save_trace, "--save-trace"), (output, "--output"), inputs=(candidate_trace,))
+    refuse_overwrite(
+        force,
+        (save_trace, "--save-trace"),
+        (output, "--output"),
+        inputs=(candidate_trace, progress_file, *pin_inputs(model or default_model(), pins_dir)),
+    )
 
     if candidate_trace is not None:
         given = [
