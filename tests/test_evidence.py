@@ -401,3 +401,16 @@ def test_a_drift_far_beyond_honest_is_reported_loudly_even_without_a_flip() -> N
     honest = " ".join(render_text(compare(o, c, DOCTRINE)).split())
     assert "run drift: median 0.50, p90 0.50" in honest and "(median limit 2 over the run" in honest
     assert "FAR BEYOND" not in honest
+
+
+def test_a_negative_own_margin_earns_no_allowance_downstream_either() -> None:
+    """`own_margin` (a move the oracle never saw, judged by the new run's own lists): a list
+    that ranks the old token above the new one it took is no near tie of its numbers."""
+    from gate.core.verdict.evidence import own_margin
+
+    top = [[[8, -0.5], [7, -0.5 - 0.5 * STEP]]]
+    rec = PromptRecord(
+        id="p", prompt_token_ids=PROMPT, token_ids=(8,), top_logprobs=top, extra={"token_logits": [LOGIT]}
+    )
+    assert own_margin(rec, 0, 7, 8, "bfloat16", EV, None) == 0.5
+    assert own_margin(rec, 0, 8, 7, "bfloat16", EV, None) is None  # took 7, which its own list puts below 8
