@@ -72,7 +72,7 @@ def classify(
     back to `near_tie_ulps` only where the part (free run or forced) carries no lists at
     all (`part_has_lists` False): less evidence never ratifies more. A candidate that is not
     greedy over its own lists (`not_greedy`) earns no allowance at all. The divergence's
-    `rule` names what decided it (`gate.core.verdict.result.RULE_*`)."""
+    `rule` names what decided it (`gate.core.verdict.rules`)."""
     lps = {int(t): float(lp) for t, lp in top}
     o_lp = lps[oracle_token]
     top2 = 1000.0 * (float(top[0][1]) - float(top[1][1])) if len(top) >= 2 else None
