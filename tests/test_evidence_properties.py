@@ -181,3 +181,40 @@ def test_not_greedy_or_drifting_earns_nothing(u_o: float, u_c: float | None, log
     beyond = RunDrift(100, 3.0, 4.0, 5.0, 3.0, limit_ulps=2.0)
     d = _classify(case, doctrine, drift=beyond)
     assert d.cls == EXACT_TIE or d.cls == DEFECT or d.rule == RULE_MNATS
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 12), st.sampled_from([0.0, -0.125, -0.25, -0.25 - 2.0**-24, -1.0, -3.5])),
+            min_size=1,
+            max_size=5,
+            unique_by=lambda p: p[0],
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    data=st.data(),
+)
+def test_the_vectorised_greedy_check_agrees_with_the_plain_one(rows: list[Any], data: st.DataObject) -> None:
+    """Among equal maxima (or within one float32 rounding) any choice is greedy; a choice
+    below the top, or absent from its own list, is not — the same on both paths."""
+    from gate.core.traces.trace import TopLogprobs
+    from gate.core.verdict.own_lists import greedy_breaks
+
+    k = min(len(r) for r in rows)
+    tops = [sorted(([t, lp] for t, lp in r[:k]), key=lambda p: (-p[1], p[0])) for r in rows]
+    chosen = [data.draw(st.integers(0, 13)) for _ in tops]
+    arrays = TopLogprobs(
+        __import__("numpy").array([[t for t, _ in p] for p in tops]),
+        __import__("numpy").array([[lp for _, lp in p] for p in tops]),
+    )
+    plain = [(b.position, b.chosen_logprob, b.best_logprob) for b in greedy_breaks("p", "free_run", tops, chosen)]
+    fast = [(b.position, b.chosen_logprob, b.best_logprob) for b in greedy_breaks("p", "free_run", arrays, chosen)]
+    assert plain == fast
+    for i, p in enumerate(tops):
+        lps = {t: lp for t, lp in p}
+        best = max(lps.values())
+        expected = chosen[i] not in lps or best - lps[chosen[i]] > logprob_slack(best, lps[chosen[i]])
+        assert (i in [b[0] for b in plain]) == expected

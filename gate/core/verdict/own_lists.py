@@ -133,7 +133,8 @@ def greedy_breaks(
     if tops is None:
         return
     ids = getattr(tops, "ids", None)
-    if ids is not None:  # the reader's arrays: one vectorised pass
+    # The reader's arrays: one vectorised pass (ids past int64 take the loop below).
+    if ids is not None and all(0 <= int(t) < 2**63 for t in chosen):
         yield from _greedy_breaks_arrays(prompt_id, source, tops, chosen)
         return
     for i in range(min(len(tops), len(chosen))):
