@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
+from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import classify, compare
 from gate.core.verdict.doctrine import Doctrine, Evidence
 from gate.core.verdict.evidence import (
-    FORCED_TOP_KEY,
     MIN_DRIFT_POSITIONS,
     aligned_tops,
     candidate_margin,
@@ -56,11 +55,13 @@ def oracle_rec(pid: str, tops: Sequence[list[list[Any]]]) -> PromptRecord:
 
 
 def cand_rec(pid: str, ids: Sequence[int], tops: Sequence[list[list[Any]]] | None, **extra: Any) -> PromptRecord:
+    forced = extra.pop("forced_token_ids", None)
     return PromptRecord(
         id=pid,
         prompt_token_ids=PROMPT,
         token_ids=tuple(ids),
         top_logprobs=[list(t) for t in tops] if tops is not None else None,
+        forced_token_ids=tuple(forced) if forced is not None else None,
         extra=extra,
     )
 
@@ -110,7 +111,7 @@ def test_aligned_positions_stop_after_the_first_divergence_without_forced_data()
     ids[2] = 500 + 2  # diverged at 2: positions 0, 1, 2 share the oracle's context
     c = cand_rec("p", ids, tops)
     assert [i for i, _ in aligned_tops(o, c)] == [0, 1, 2]
-    forced = cand_rec("p", ids, tops, **{FORCED_TOP_KEY: [shifted(t, 1) for t in tops]})
+    forced = cand_rec("p", ids, tops, forced_token_ids=o.token_ids, **{FORCED_TOP_KEY: [shifted(t, 1) for t in tops]})
     got = list(aligned_tops(o, forced))
     assert [i for i, _ in got] == [0, 1, 2, 3, 4]
     assert got[4][1] == shifted(tops[4], 1)  # the forced list, not the free run's
@@ -250,14 +251,14 @@ def test_the_same_flip_is_a_near_tie_in_an_honest_run_and_a_defect_in_a_drifting
         "floor_logit": 16.0,
     }
 
-    o, c = _flip_run(40, 4.0, flip_at=30)
+    o, c = _flip_run(40, -4.0, flip_at=30)
     r = compare(o, c, DOCTRINE)
     assert [d.cls for d in r.divergences] == [DEFECT] and r.exit_code == 1
     assert r.drift is not None and r.drift.beyond
 
 
 def test_without_evidence_in_the_doctrine_nothing_changes() -> None:
-    o, c = _flip_run(40, 4.0, flip_at=30)
+    o, c = _flip_run(40, -4.0, flip_at=30)
     r = compare(o, c, Doctrine(near_tie_mnats=0.0, near_tie_ulps=2.0))
     assert [d.cls for d in r.divergences] == [NEAR_TIE] and r.drift is None
     assert "drift" not in r.to_dict() and "evidence" not in r.to_dict()["doctrine"]
@@ -395,7 +396,7 @@ def test_a_drift_far_beyond_honest_is_reported_loudly_even_without_a_flip() -> N
     from gate.reports.markdown import render_markdown
     from gate.reports.terminal import render_text
 
-    o, c = _runs(40, 4.0)  # every runner-up 4 steps closer, no token flipped
+    o, c = _runs(40, -4.0)  # every runner-up 4 steps further, no token flipped
     r = compare(o, c, DOCTRINE)
     assert r.verdict == "strict_pass" and r.exit_code == 0  # the spec's verdict: no flip, no divergence
     assert r.to_dict()["drift"]["beyond"] is True
@@ -403,4 +404,18 @@ def test_a_drift_far_beyond_honest_is_reported_loudly_even_without_a_flip() -> N
     assert "FAR BEYOND HONEST DRIFT" in render_markdown(r)
     o, c = _runs(40, 0.5)
     honest = " ".join(render_text(compare(o, c, DOCTRINE)).split())
-    assert "run drift: median 0.50 (limit 2)" in honest and "FAR BEYOND" not in honest
+    assert "run drift: median 0.50, p90 0.50" in honest and "(median limit 2 over the run" in honest
+    assert "FAR BEYOND" not in honest
+
+
+def test_a_negative_own_margin_earns_no_allowance_downstream_either() -> None:
+    """`own_margin` (a move the oracle never saw, judged by the new run's own lists): a list
+    that ranks the old token above the new one it took is no near tie of its numbers."""
+    from gate.core.verdict.evidence import own_margin
+
+    top = [[[8, -0.5], [7, -0.5 - 0.5 * STEP]]]
+    rec = PromptRecord(
+        id="p", prompt_token_ids=PROMPT, token_ids=(8,), top_logprobs=top, extra={"token_logits": [LOGIT]}
+    )
+    assert own_margin(rec, 0, 7, 8, "bfloat16", EV, None) == 0.5
+    assert own_margin(rec, 0, 8, 7, "bfloat16", EV, None) is None  # took 7, which its own list puts below 8

@@ -138,11 +138,25 @@ def test_markdown_tables_survive_hostile_text(mixed: GateResult) -> None:
             width = len(_cells(line))
             tables.setdefault(width, 0)
             tables[width] += 1
-    assert set(tables) == {6, 12}  # every row of each table has the header's column count
+    assert set(tables) == {6, 13}  # every row of each table has the header's column count
     assert "<script>" not in md and "&lt;script&gt;" in md
     assert r'"a\|b\`c\\nd"' in md
     assert md.startswith("## ❌ gate: fail\n")
     assert f"**{mixed.summary}**" in md
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["![x](https://example.com/a.png)", "[click](https://example.com)", "<https://example.com>", "`code`|x"],
+)
+def test_markdown_never_renders_a_token_as_a_link_or_image(mixed: GateResult, text: str) -> None:
+    """A CI job summary shows the Markdown report: a candidate's token text must stay text
+    (issue 17: `![..](https://...)` rendered as a live image)."""
+    tie = next(d for d in mixed.divergences if d.cls == EXACT_TIE)
+    hostile = replace(tie, oracle_text=text, candidate_text=text, prompt_id=text)
+    md = render_markdown(replace(mixed, divergences=(hostile, *mixed.divergences[1:])))
+    for live in ("![", "](", "[click]", "<https", "`code`"):
+        assert live not in md, live
 
 
 def test_markdown_folds_long_tables(mixed: GateResult) -> None:

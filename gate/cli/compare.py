@@ -30,7 +30,7 @@ def compare_files(
     from gate.reports import check_format
 
     fmt = check_format("GateResult", fmt)
-    refuse_overwrite(force, (output, "--output"))
+    refuse_overwrite(force, (output, "--output"), inputs=(oracle, candidate))
     o = read_trace(oracle, role="oracle")
     c = read_trace(candidate, role="candidate")
     # The doctrine a pin carries in its header travels with it: the same verdict as `gate run`.

@@ -67,7 +67,7 @@ def calibrate_command(
 
     fmt = check_format("Calibration", fmt)
     opts = parse_engine_opts(engine_opts)
-    refuse_overwrite(force, (output, "--output"), (save_trace, "--save-trace"))
+    refuse_overwrite(force, (output, "--output"), (save_trace, "--save-trace"), inputs=(oracle, candidate))
     if (oracle is None) != (candidate is None):
         raise InputError("gate calibrate takes two trace files (ORACLE CANDIDATE) or none (run the engine on the pin)")
     if oracle is not None and candidate is not None:

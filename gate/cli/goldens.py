@@ -148,7 +148,7 @@ def check_goldens(
     from gate.workflows.goldens import check_golden
 
     fmt = check_format("GoldensResult", fmt)
-    refuse_overwrite(force, (output, "--output"))
+    refuse_overwrite(force, (output, "--output"), inputs=(golden,))
     opts = parse_engine_opts(engine_opts)
     engine_name = engine or DEFAULT_ENGINE
     if golden is not None:

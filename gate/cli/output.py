@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gate.core.storage.atomic import atomic_write
+from gate.core.storage.atomic import atomic_write, same_file
 from gate.errors import InputError
 
 STDOUT = Path("-")
@@ -41,15 +42,46 @@ def refuse_overwrite(
     *targets: tuple[Path | None, str],
     message: str = "{flag}{path}: already exists; pass --force to replace it",
     error: type[InputError] = InputError,
+    inputs: Sequence[Path | None] = (),
 ) -> None:
-    """Refuse, before any work, to replace a file the command would write (unless --force).
+    """Refuse, before any work, to replace a file the command would write (unless --force),
+    and, --force or not, to write over one of the command's `inputs` or to send two outputs
+    to one file (by file identity: a symlink or a hard link to an input is that input).
 
     `targets` are (path, flag) pairs; `message` may name `{flag}` and `{path}`."""
+    refuse_input_as_output(targets, inputs)
     if force:
         return
     for path, flag in targets:
         if path is not None and not to_stdout(path) and path.exists():
             raise error(message.format(flag=f"{flag} " if flag else "", path=path))
+
+
+def refuse_input_as_output(targets: Sequence[tuple[Path | None, str]], inputs: Sequence[Path | None]) -> None:
+    """An output that is one of the inputs (or another output) is refused, exit 2, before
+    anything is read or written: `gate compare O C -o O --force` must never replace O."""
+    outputs = [(p, flag) for p, flag in targets if p is not None and not to_stdout(p)]
+    for n, (path, flag) in enumerate(outputs):
+        name = f"{flag} {path}" if flag else str(path)
+        hit = same_file(path, [i for i in inputs if i is not None and not to_stdout(i)])
+        if hit is not None:
+            raise InputError(f"{name}: is the input {hit} (the same file); an input is never its own output")
+        other = same_file(path, [p for p, _ in outputs[:n]])
+        if other is not None:
+            raise InputError(f"{name}: is also where another output goes ({other}); give each output its own file")
+
+
+def pin_inputs(model: str, pins_dir: Path | None) -> tuple[Path, ...]:
+    """The files of `model`'s pin (none when there is no pin: that error comes later, in
+    its own words): inputs of every command that judges against the pin."""
+    from gate.core.pins.pin import find_folder
+    from gate.errors import GateError
+
+    try:
+        folder = find_folder(model, pins_dir)
+    except GateError:
+        return ()
+    return (folder.pin_path, folder.suite_path, folder.settings_path)
 
 
 def write_data(data: bytes, output: Path | None, *, force: bool = False, backup: bool = False) -> Path | None:

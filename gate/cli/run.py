@@ -46,7 +46,7 @@ def run_gate(
     no_evidence: bool = False,
 ) -> int:
     from gate.cli.common import default_model, doctrine_overrides, parse_engine_opts
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.traces.trace import read_trace, write_trace
     from gate.core.verdict.doctrine import apply_overrides
@@ -60,7 +60,12 @@ def run_gate(
     # A bad threshold fails before any work.
     apply_overrides({}, {k: v for k, v in flags.items() if v is not None})
     # Refuse to clobber before spending minutes on a model.
-    refuse_overwrite(force, (save_trace, "--save-trace"), (output, "--output"))
+    refuse_overwrite(
+        force,
+        (save_trace, "--save-trace"),
+        (output, "--output"),
+        inputs=(candidate_trace, progress_file, *pin_inputs(model or default_model(), pins_dir)),
+    )
 
     if candidate_trace is not None:
         given = [

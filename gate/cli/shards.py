@@ -32,6 +32,7 @@ def merge_files(
         force,
         (output, "--output"),
         message="{flag}{path}: already exists; pass --force to replace it (a backup is kept)",
+        inputs=(*shards, expect_ids_from),
     )
     traces = [read_trace(p) for p in shards]
 

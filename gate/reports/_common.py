@@ -18,6 +18,19 @@ from gate.core.verdict.result import (
     Divergence,
     GateResult,
 )
+from gate.core.verdict.rules import (
+    RULE_BEYOND_GRID,
+    RULE_DRIFT_BEYOND,
+    RULE_EVIDENCE,
+    RULE_GRID,
+    RULE_NEGATIVE_MARGIN,
+    RULE_NO_LIST,
+    RULE_NOT_GREEDY,
+    RULE_NOT_IN_TOP_K,
+    RULE_ORACLE_GAP,
+    RULE_OWN_MARGIN,
+    RULE_RAN_OUT,
+)
 from gate.text import printable
 
 # The one-line reason an exact tie can split two honest engines.
@@ -104,32 +117,78 @@ def tie_break_line(d: Divergence) -> str:
     return f"{d.tie_break}: the candidate took {d.candidate_token}, the oracle {d.oracle_token}; {TIE_BREAK_RULE}"
 
 
-def why(d: Divergence, near_tie_mnats: float, *, with_rule: bool = True) -> str:
-    """One sentence: why this divergence has its class (and, for an exact tie, the tie-break rule)."""
+def why(d: Divergence, doctrine: Doctrine | float, *, with_rule: bool = True) -> str:
+    """One sentence: why this divergence has its class, from the rule that decided it
+    (`Divergence.rule`), with the limit and the unit it was judged in (and, for an exact
+    tie, the tie-break rule). `doctrine` may be the bare near-tie threshold in mnats."""
+    doc = doctrine if isinstance(doctrine, Doctrine) else Doctrine(near_tie_mnats=float(doctrine))
+    mnats = fmt_mnats(doc.near_tie_mnats)
+    below = f"{fmt_mnats(d.oracle_minus_candidate_mnats)} mnats"
+    steps = f" ({fmt_ulps(d.gap_ulps)} grid steps of its logit)" if d.gap_ulps is not None else ""
+    ev = doc.evidence
+    unit = f"units of {fmt_mnats(d.unit_mnats)} mnats" if d.unit_mnats is not None else "units"
+    rule = d.rule
+    if rule == RULE_NOT_GREEDY:
+        return (
+            "defect: the candidate is not greedy over its own logprobs (at some position of the run it did not take "
+            "the top of the list it reports; see 'not greedy'), so its flips earn no allowance"
+            + (f"; the candidate's token is {below} below the oracle's" if d.oracle_minus_candidate_mnats else "")
+        )
     if d.cls == EXACT_TIE:
         direction = "higher" if d.tie_break == "higher_id" else "lower"
-        rule = f"; {TIE_BREAK_RULE}" if with_rule else ""
+        tie_rule = f"; {TIE_BREAK_RULE}" if with_rule else ""
         return (
             f"exact tie: both logprobs are {fmt_logprob(d.oracle_logprob)} bit for bit; the candidate took the "
-            f"{direction} id{rule}"
+            f"{direction} id{tie_rule}"
         )
     if d.cls == NEAR_TIE:
-        ulps = f" ({fmt_ulps(d.gap_ulps)} grid steps)" if d.gap_ulps is not None else ""
+        if rule == RULE_EVIDENCE and ev is not None:
+            return (
+                f"near tie by the evidence rule: the oracle's gap is {fmt_ulps(d.gap_units)} {unit} "
+                f"(limit {ev.oracle_ulps:g}; {below}{steps}) and the candidate's own list holds its token "
+                f"{fmt_ulps(d.candidate_margin_ulps)} units above the oracle's (limit {ev.candidate_ulps:g}), "
+                f"in a run not found drifting beyond the doctrine — beyond the {mnats}-mnat threshold"
+            )
+        if rule == RULE_GRID and doc.near_tie_ulps is not None:
+            return (
+                f"near tie by the grid rule: the candidate's token is {below}{steps} below the oracle's, within "
+                f"{doc.near_tie_ulps:g} grid steps (no own list weighed here) — beyond the {mnats}-mnat threshold"
+            )
         return (
-            f"near tie: the candidate's token is {fmt_mnats(d.oracle_minus_candidate_mnats)} mnats{ulps} below the "
-            f"oracle's, within the {fmt_mnats(near_tie_mnats)}-mnat threshold"
+            f"near tie: the candidate's token is {below}{steps} below the oracle's, within the {mnats}-mnat threshold"
         )
-    if d.candidate_token is None:
+    if d.candidate_token is None or rule == RULE_RAN_OUT:
         return "defect: the candidate stopped before the oracle's continuation ended"
-    if d.oracle_minus_candidate_mnats is None:
+    if d.oracle_minus_candidate_mnats is None or rule == RULE_NOT_IN_TOP_K:
         return (
             f"defect: the candidate's token {d.candidate_token} is not in the oracle's top-k; it is at least "
             f"{fmt_mnats(d.gap_lower_bound_mnats)} mnats below the oracle's"
         )
-    return (
-        f"defect: the candidate's token is {fmt_mnats(d.oracle_minus_candidate_mnats)} mnats below the oracle's, "
-        f"above the {fmt_mnats(near_tie_mnats)}-mnat threshold"
-    )
+    head = f"defect: the candidate's token is {below}{steps} below the oracle's, above the {mnats}-mnat threshold"
+    if rule == RULE_ORACLE_GAP and ev is not None:
+        gap = f"the oracle's gap is {fmt_ulps(d.gap_units)} {unit}"
+        return f"{head}, and {gap}, beyond the evidence rule's {ev.oracle_ulps:g}"
+    if rule == RULE_OWN_MARGIN and ev is not None:
+        return (
+            f"{head}; the candidate's own list holds its token {fmt_ulps(d.candidate_margin_ulps)} units above the "
+            f"oracle's, beyond the evidence rule's {ev.candidate_ulps:g}: a clear choice, not a near tie"
+        )
+    if rule == RULE_NEGATIVE_MARGIN:
+        return (
+            f"{head}; the candidate's own list ranks the oracle's token above the one it took (margin "
+            f"{fmt_ulps(d.candidate_margin_ulps)} units): a negative margin earns no allowance"
+        )
+    if rule == RULE_DRIFT_BEYOND:
+        return f"{head}; the run drifts beyond the doctrine (see 'run drift'), so no allowance in units or grid steps"
+    if rule == RULE_NO_LIST:
+        part = "forced decode" if d.source == FORCED else "free run"
+        return (
+            f"{head}; the candidate reports no usable list here while the rest of its {part} has lists: "
+            "judged by the threshold alone (less evidence never ratifies more)"
+        )
+    if rule == RULE_BEYOND_GRID and doc.near_tie_ulps is not None:
+        return f"{head} and beyond the grid rule's {doc.near_tie_ulps:g} steps"
+    return head
 
 
 def class_counts(divergences: Iterable[Divergence]) -> str:
@@ -167,9 +226,11 @@ def doctrine_text(d: Doctrine) -> str:
     grid = f"{d.dtype or 'bfloat16'} grid steps"
     if d.evidence is not None:
         e = d.evidence
+        units = f"units (the {d.dtype or 'bfloat16'} grid step at max(|top logit|, {e.floor_logit:g}))"
         parts.append(
-            f"or, weighing the candidate's evidence, an oracle gap up to {e.oracle_ulps:g} {grid} with the "
-            f"candidate's own margin up to {e.candidate_ulps:g} and the run's drift up to {e.drift_ulps:g}"
+            f"or, weighing the candidate's evidence, an oracle gap up to {e.oracle_ulps:g} {units} with the "
+            f"candidate's own margin up to {e.candidate_ulps:g} and its drift up to {e.drift_ulps:g} (median over "
+            f"the run, each prompt and each window of positions; p90 up to {e.tail_limit_ulps:g})"
         )
         if d.near_tie_ulps is not None:
             parts.append(f"without evidence {d.near_tie_ulps:g} {grid}")
@@ -192,6 +253,26 @@ def drift_line(result: GateResult) -> str | None:
             "further than honest engines do across machines; every flip beyond the fixed mnats is a defect"
         )
     return line
+
+
+def not_greedy_line(result: GateResult) -> str | None:
+    """Where the candidate's own choice is not the top of the list it reports, said loudly:
+    its lists are then no evidence, and every flip it makes is a defect."""
+    total = result.not_greedy_total
+    if not total:
+        return None
+    shown = ", ".join(
+        f"{g.prompt_id}@{g.position} ({'forced' if g.source == FORCED else 'free run'}: took {g.chosen}, "
+        + (f"{fmt_mnats(g.behind_mnats)} mnats below {g.best_token})" if g.behind_mnats is not None else "not listed)")
+        for g in result.not_greedy[:3]
+    )
+    more = f" and {total - 3} more" if total > 3 else ""
+    return (
+        f"the candidate is not greedy over its own logprobs at {total} position{'s' if total != 1 else ''}: "
+        f"{shown}{more} — its "
+        "sampler does not take the top of the logprobs it reports (a penalty or a sampling setting left on?), "
+        "so its lists earn no allowance and every flip is a defect"
+    )
 
 
 def provenance_line(result: GateResult) -> str:

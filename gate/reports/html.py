@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -28,6 +29,7 @@ from itertools import groupby
 from typing import Any, TypedDict
 
 from gate import __version__
+from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import (
     DEFECT,
     EXACT_TIE,
@@ -54,6 +56,7 @@ from gate.reports._common import (
     fmt_ulps,
     for_humans,
     gap_label,
+    not_greedy_line,
     provenance_line,
     quote,
     source_label,
@@ -142,6 +145,7 @@ def _header(result: GateResult) -> str:
         + (f" · {escape(prov)}" if prov else "")
         + "</p>"
         + (f'<p class="note">{escape(drift_line(result) or "")}</p>' if result.drift is not None else "")
+        + (f'<p class="note"><b>{escape(not_greedy_line(result) or "")}</b></p>' if result.not_greedy_total else "")
         + "".join(f'<p class="note">warning: {escape(w)}</p>' for w in result.warnings)
         + f'</header>\n<section class="cards">{card_html}</section>'
     )
@@ -263,16 +267,49 @@ def _num(x: float) -> str:
     return f"{x:g}" if abs(x) < 1e6 else f"{x:.0e}"
 
 
+def gap_axis(result: GateResult) -> tuple[str, float, str, str]:
+    """The axis the gap histogram uses: the doctrine's own (`gap_units` against the evidence
+    rule's oracle limit, `gap_ulps` against near_tie_ulps, else mnats against near_tie_mnats),
+    as (Divergence attribute, threshold, unit label, marker label)."""
+    d = result.doctrine
+    in_top = [x for x in result.divergences if x.oracle_minus_candidate_mnats is not None]
+    if d.evidence is not None and in_top and all(x.gap_units is not None for x in in_top):
+        unit = f"evidence units (the {d.dtype or 'bfloat16'} grid step at max(|top logit|, {d.evidence.floor_logit:g}))"
+        return "gap_units", float(d.evidence.oracle_ulps), unit, f"evidence: oracle gap ≤ {d.evidence.oracle_ulps:g}"
+    if d.near_tie_ulps is not None and in_top and all(x.gap_ulps is not None for x in in_top):
+        unit = f"grid steps of the top logit's own {d.dtype or 'bfloat16'} grid"
+        return "gap_ulps", float(d.near_tie_ulps), unit, f"grid rule ≤ {d.near_tie_ulps:g}"
+    threshold = float(d.near_tie_mnats)
+    return "oracle_minus_candidate_mnats", threshold, "mnats", f"near-tie threshold {fmt_mnats(threshold)}"
+
+
+_CLASS_BAR = CLASS_CSS
+
+
 def _gap_bars(result: GateResult) -> list[Bar]:
-    threshold = result.doctrine.near_tie_mnats
+    """One bar per bin and class (blue exact ties, amber near ties, red defects): the colour
+    is the verdict's class of those divergences, never a guess from the gap."""
+    attr, threshold, _, _ = gap_axis(result)
     divs = result.divergences
-    in_top = [d.oracle_minus_candidate_mnats for d in divs if d.oracle_minus_candidate_mnats is not None]
-    bars = []
-    for b in bars_from_values(in_top, [threshold] if threshold > 0 else []):
-        if b.label == "0":
-            bars.append(Bar("0 (exact tie)", b.count, "o-exact", 0.0))
-        else:
-            bars.append(Bar(b.label, b.count, "o-near" if b.hi is not None and b.hi <= threshold else "o-defect", b.hi))
+    in_top = [(float(getattr(d, attr)), d.cls) for d in divs if d.oracle_minus_candidate_mnats is not None]
+    bars: list[Bar] = []
+    zeros = Counter(cls for v, cls in in_top if v == 0.0)
+    for cls in (EXACT_TIE, NEAR_TIE, DEFECT):
+        if zeros.get(cls):
+            bars.append(Bar("0 (exact tie)" if cls == EXACT_TIE else "0", zeros[cls], _CLASS_BAR[cls], 0.0))
+    pos = [(abs(v), cls) for v, cls in in_top if v != 0.0 and math.isfinite(v)]
+    if pos:
+        marks = [threshold] if threshold > 0 else []
+        edges = sorted({*_edges_125(min([v for v, _ in pos] + marks), max([v for v, _ in pos] + marks)), *marks})
+        counts: Counter[tuple[int, str]] = Counter(
+            (bisect_left(edges, v, 1, len(edges) - 1) - 1, cls) for v, cls in pos
+        )
+        used = [i for i, _ in counts] + [i for i in range(len(edges) - 1) if edges[i + 1] in marks]
+        for i in range(min(used), max(used) + 1):
+            label = f"{_num(edges[i])}–{_num(edges[i + 1])}"
+            present = [cls for cls in (EXACT_TIE, NEAR_TIE, DEFECT) if counts.get((i, cls))]
+            for cls in present or [NEAR_TIE]:
+                bars.append(Bar(label, counts.get((i, cls), 0), _CLASS_BAR[cls] if present else "bar", edges[i + 1]))
     outside = sum(1 for d in divs if d.candidate_token is not None and d.oracle_minus_candidate_mnats is None)
     stopped = sum(1 for d in divs if d.candidate_token is None)
     if outside:
@@ -309,7 +346,7 @@ def svg_histogram(bars: Sequence[Bar], *, title: str, unit: str, markers: Sequen
         )
     for at, label in markers:
         # the marker sits on the right edge of the bin whose upper edge it is, else is left out
-        idx = next((i for i, b in enumerate(bars) if b.hi is not None and b.hi == at), None)
+        idx = max((i for i, b in enumerate(bars) if b.hi is not None and b.hi == at), default=None)
         if idx is None:
             continue
         mx = left + idx * (bw + gap) + bw + gap / 2
@@ -352,17 +389,18 @@ def _figure(fig: Any, index: int) -> str:
 def _plots(result: GateResult) -> str:
     parts = ['<section id="plots"><h2>Distributions</h2><div class="figs">']
     bars = _gap_bars(result)
-    threshold = result.doctrine.near_tie_mnats
+    _, threshold, unit, marker = gap_axis(result)
     if bars:
         parts.append(
             "<figure>"
             + svg_histogram(
                 bars,
                 title="Gap of each divergence: oracle − candidate logprob",
-                unit="mnats",
-                markers=[(threshold, f"near-tie threshold {fmt_mnats(threshold)}")],
+                unit=unit,
+                markers=[(threshold, marker)],
             )
-            + '<p class="note">Blue: exact ties (a gap of 0.0). Amber: near ties. Red: defects.</p></figure>'
+            + '<p class="note">Coloured by the class the verdict gave: blue exact ties (a gap of 0.0), amber '
+            "near ties, red defects (a defect inside the line failed another limit: its card names it).</p></figure>"
         )
     else:
         parts.append('<p class="note">No divergences: no gaps to plot.</p>')
@@ -380,7 +418,7 @@ def _row(label: str, value: str, css: str = "") -> str:
     return f'<tr><th>{escape(label)}</th><td class="{css}">{value}</td></tr>'
 
 
-def _card(d: Divergence, prompt: str | None, near: float) -> str:
+def _card(d: Divergence, prompt: str | None, near: Doctrine | float) -> str:
     css = CLASS_CSS.get(d.cls, "")
     rows = []
     if prompt is not None:
@@ -444,7 +482,7 @@ def _divergences(result: GateResult) -> str:
     if not divs:
         return '<section id="divergences"><h2>Divergences</h2><p>None: every prompt is strict.</p></section>'
     prompts = {p.id: p.prompt for p in result.prompts}
-    near = result.doctrine.near_tie_mnats
+    near = result.doctrine
     parts = [f'<section id="divergences"><h2>Divergences ({len(divs)})</h2>']
     parts.extend(_card(d, prompts.get(d.prompt_id), near) for d in divs[:MAX_CARDS])
     rest = divs[MAX_CARDS:]

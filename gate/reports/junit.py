@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, Divergence, GateResult, PromptResult
 from gate.reports._common import (
     CLASS_LABELS,
@@ -21,6 +22,7 @@ from gate.reports._common import (
     fmt_mnats,
     for_humans,
     gap_label,
+    not_greedy_line,
     source_label,
     token_label,
     verdict_line,
@@ -36,7 +38,7 @@ def xml_text(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def describe(d: Divergence, near_tie_mnats: float) -> str:
+def describe(d: Divergence, near_tie_mnats: Doctrine | float) -> str:
     """A few lines that let a person adjudicate one divergence from a CI log."""
     lines = [
         f"{d.prompt_id} position {d.position} ({source_label(d)}): {CLASS_LABELS.get(d.cls, d.cls)}",
@@ -76,11 +78,12 @@ def render_junit(result: GateResult) -> str:
         ("oracle_engine", result.oracle_engine),
         ("candidate_engine", result.candidate_engine),
         *((("drift", drift_line(result) or ""),) if result.drift is not None else ()),
+        *((("not_greedy", not_greedy_line(result) or ""),) if result.not_greedy_total else ()),
         *(("warning", w) for w in result.warnings),
     ):
         ET.SubElement(props, "property", name=key, value=xml_text(value))
     classname = xml_text(f"gate.{result.model or 'model'}")
-    near = result.doctrine.near_tie_mnats
+    near = result.doctrine
     for p in result.prompts:
         case = ET.SubElement(suite, "testcase", classname=classname, name=xml_text(p.id), time="0")
         divs = groups.get(p.id, [])

@@ -19,6 +19,7 @@ from gate.reports._common import (
     fmt_mnats,
     for_humans,
     gap_label,
+    not_greedy_line,
     provenance_line,
     source_label,
     token_label,
@@ -36,11 +37,15 @@ OPEN_ROWS = 25
 
 
 def cell(text: str) -> str:
-    """One table cell: pipes, backticks, HTML and newlines escaped."""
+    """One table cell: pipes, backticks, HTML, link and image syntax (`[`, `]`, `(`, `)`,
+    `!`) and newlines escaped: a token's text never renders as a live link or image."""
     out = (
         printable(text)
         .replace("\\", "\\\\")
         .replace("|", "\\|")
+        .replace("[", "\\[")
+        .replace("]", "\\]")
+        .replace("!", "\\!")
         .replace("`", "\\`")
         .replace("<", "&lt;")
         .replace(">", "&gt;")
@@ -48,6 +53,13 @@ def cell(text: str) -> str:
         .replace("_", "\\_")
     )
     return out.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def text_cell(text: str) -> str:
+    """A cell of text that came from a trace (a prompt id, a token's text, a model or
+    engine name): `cell`, with parentheses escaped too, so no part of it can close or open
+    a link's target."""
+    return cell(text).replace("(", "\\(").replace(")", "\\)")
 
 
 def render_markdown(result: GateResult) -> str:
@@ -59,13 +71,16 @@ def render_markdown(result: GateResult) -> str:
         f"**{cell(result.summary)}**",
         "",
         f"{cell(verdict_line(result))} · {cell(doctrine_line(result))}"
-        + (f" · {cell(provenance_line(result))}" if provenance_line(result) else ""),
+        + (f" · {text_cell(provenance_line(result))}" if provenance_line(result) else ""),
         "",
-        *(f"> ⚠️ warning: {cell(w)}\n" for w in result.warnings),
+        *(f"> ⚠️ warning: {text_cell(w)}\n" for w in result.warnings),
     ]
     drift = drift_line(result)
     if drift is not None:
-        lines += [f"**{cell(drift)}**" if result.drift and result.drift.beyond else cell(drift), ""]
+        lines += [f"**{text_cell(drift)}**" if result.drift and result.drift.beyond else text_cell(drift), ""]
+    greedy = not_greedy_line(result)
+    if greedy is not None:
+        lines += [f"**{text_cell(greedy)}**", ""]
     lines += _prompt_table(result)
     if result.divergences:
         lines += _divergence_table(result)
@@ -77,7 +92,7 @@ def render_markdown(result: GateResult) -> str:
         lines += ["", "### MoE routing", "", f"**{cell(routing_line(result.routing))}**", ""]
         for d in result.divergences:
             if d.routing_flip is not None:
-                lines.append(f"- {cell(d.prompt_id)} position {d.position}: {cell(flip_line(d.routing_flip))}")
+                lines.append(f"- {text_cell(d.prompt_id)} position {d.position}: {cell(flip_line(d.routing_flip))}")
     return "\n".join(lines) + "\n"
 
 
@@ -114,7 +129,7 @@ def _prompt_table(result: GateResult) -> list[str]:
         if p.unadjudicated:
             note = f"{note}; {p.unadjudicated} unadjudicated" if note else f"{p.unadjudicated} unadjudicated"
         rows.append(
-            f"| {cell(p.id)} | {'yes' if p.strict else 'no'} | {'yes' if p.ratified else '**no**'} "
+            f"| {text_cell(p.id)} | {'yes' if p.strict else 'no'} | {'yes' if p.ratified else '**no**'} "
             f"| {p.positions_matched}/{p.positions} | {p.first_divergence} | {cell(note) or '—'} |"
         )
     out += _fold(rows, header, f"{len(rows) - OPEN_ROWS} more prompts")
@@ -126,20 +141,20 @@ def _prompt_table(result: GateResult) -> list[str]:
 def _divergence_row(d: Divergence) -> str:
     cls = f"{CLASS_ICONS.get(d.cls, '')} {CLASS_LABELS.get(d.cls, d.cls)}"
     return (
-        f"| {cell(d.prompt_id)} | {d.position} | {cell(source_label(d))} | {cls} "
-        f"| {cell(token_label(d.oracle_token, d.oracle_text))} "
-        f"| {cell(token_label(d.candidate_token, d.candidate_text))} "
+        f"| {text_cell(d.prompt_id)} | {d.position} | {cell(source_label(d))} | {cls} "
+        f"| {text_cell(token_label(d.oracle_token, d.oracle_text))} "
+        f"| {text_cell(token_label(d.candidate_token, d.candidate_text))} "
         f"| {cell(fmt_logprob(d.oracle_logprob))} | {cell(fmt_logprob(d.candidate_logprob))} "
         f"| {cell(gap_label(d))} | {cell(fmt_mnats(d.top2_gap_mnats))} "
-        f"| {'—' if d.candidate_rank is None else d.candidate_rank} | {d.tie_break or '—'} |"
+        f"| {'—' if d.candidate_rank is None else d.candidate_rank} | {d.tie_break or '—'} | {cell(d.rule or '—')} |"
     )
 
 
 def _divergence_table(result: GateResult) -> list[str]:
     header = [
         "| prompt | position | source | class | oracle | candidate | oracle logprob | candidate logprob "
-        "| oracle − candidate (mnats) | top-2 gap (mnats) | rank | tie-break |",
-        "|---|--:|---|---|---|---|--:|--:|--:|--:|--:|---|",
+        "| oracle − candidate (mnats) | top-2 gap (mnats) | rank | tie-break | decided by |",
+        "|---|--:|---|---|---|---|--:|--:|--:|--:|--:|---|---|",
     ]
     rows = [_divergence_row(d) for d in result.divergences]
     return ["### Divergences", "", *_fold(rows, header, f"{len(rows) - OPEN_ROWS} more divergences")]

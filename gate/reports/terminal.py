@@ -15,6 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
 from gate.reports._common import (
     CLASS_LABELS,
@@ -27,6 +28,7 @@ from gate.reports._common import (
     fmt_ulps,
     for_humans,
     gap_label,
+    not_greedy_line,
     provenance_line,
     quote,
     source_label,
@@ -90,6 +92,9 @@ def report_parts(
     drift = drift_line(result)
     if drift is not None:
         parts.append(Text(drift, style="bold red" if result.drift and result.drift.beyond else "dim"))
+    greedy = not_greedy_line(result)
+    if greedy is not None:
+        parts.append(Text(greedy, style="bold red"))
     parts.append(prompt_table(result, max_rows=max_prompt_rows))
     divs = list(result.divergences)
     if divs:
@@ -104,7 +109,7 @@ def report_parts(
             )
         )
         for d in shown:
-            parts.append(divergence_panel(d, prompts.get(d.prompt_id), result.doctrine.near_tie_mnats))
+            parts.append(divergence_panel(d, prompts.get(d.prompt_id), result.doctrine))
         if len(divs) > len(shown):
             parts.append(divergence_table(divs[len(shown) :], title=f"The other {len(divs) - len(shown)} divergences"))
     parts.extend(Text(line) for line in profile_lines(result))
@@ -156,7 +161,7 @@ def prompt_table(result: GateResult, *, max_rows: int = MAX_PROMPT_ROWS) -> Tabl
     return table
 
 
-def divergence_panel(d: Divergence, prompt: str | None, near_tie_mnats: float) -> Panel:
+def divergence_panel(d: Divergence, prompt: str | None, near_tie_mnats: Doctrine | float) -> Panel:
     cls_style = CLASS_STYLES.get(d.cls, "bold")
     title = Text.assemble(
         (f" {d.prompt_id}", "bold"),

@@ -15,8 +15,7 @@ from typing import Any, TypeVar
 
 from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
 from gate.core.traces.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
-from gate.core.traces.trace import PromptRecord, TopList, Trace, check_top_logprobs
-from gate.core.verdict.evidence import FORCED_TOP_KEY
+from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, TopList, Trace, check_top_logprobs
 from gate.errors import EngineError, GateError, TraceError
 from gate.workflows.guard import EngineTimeout
 from gate.workflows.progress import QUIET, Progress

@@ -15,6 +15,7 @@ import secrets
 import shutil
 import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from gate.errors import InputError
@@ -22,6 +23,26 @@ from gate.errors import InputError
 # The temporary files this module names: `.NAME.<12 hex digits>.tmp` (`_create_temp`, and
 # `_keep_backup`'s copy). Only files of exactly this shape are ever cleaned up.
 _TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
+
+
+def same_file(path: str | os.PathLike[str], others: Iterable[str | os.PathLike[str] | None]) -> str | None:
+    """The first of `others` that is the very file `path` names (by identity: st_dev and
+    st_ino, so through symlinks and hard links too), else None. Paths that do not exist
+    are no file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    for other in others:
+        if other is None:
+            continue
+        try:
+            ot = os.stat(other)
+        except OSError:
+            continue
+        if (ot.st_dev, ot.st_ino) == (st.st_dev, st.st_ino):
+            return os.fspath(other)
+    return None
 
 
 def atomic_write(

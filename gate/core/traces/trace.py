@@ -45,6 +45,9 @@ _RECORD_KEYS = (
     "tokens",
     "forced_token_ids",
 )
+# The candidate record field with its top-k at each teacher-forced position (an addition to
+# trace v1: candidate only, optional, beside `forced_token_ids`; validated as `top_logprobs`).
+FORCED_TOP_KEY = "forced_top_logprobs"
 # A line longer than this is refused before parsing: no honest trace line comes near it
 # (1,000 positions x top-20 is about 600 kB), and a corrupt file must not exhaust memory.
 MAX_LINE_BYTES = 256 * 1024 * 1024
@@ -54,6 +57,11 @@ MAX_LINE_BYTES = 256 * 1024 * 1024
 MAX_LINE_COST = 1024 * 1024 * 1024
 # Lines shorter than this cannot come near MAX_LINE_COST (at most ~32 bytes per byte).
 _COST_CHECK_BYTES = 8 * 1024 * 1024
+# What the records a file leaves in memory may cost together, estimated the same way (top-k
+# lists kept as arrays count at their array size). Lines just under _COST_CHECK_BYTES each
+# cost up to ~256 MB parsed; a file of them must be refused before it takes gigabytes. An
+# honest trace keeps well under this: its bulk, the top-k lists, is kept as arrays.
+MAX_TRACE_COST = 512 * 1024 * 1024
 # The reader streams the file in chunks of this size (one read call each).
 _READ_CHUNK = 4 * 1024 * 1024
 # Exact type sets for the fast checks (bool is not int here).
@@ -66,7 +74,7 @@ _MAX_FLOAT_INT = int(1.7976931348623157e308)
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # Record fields that hold no JSON object when valid: objects inside them are refused by
 # validation anyway, so the duplicate-key count need not look inside.
-_FLAT_FIELDS = frozenset(_RECORD_KEYS) | {"token_logits"}
+_FLAT_FIELDS = frozenset(_RECORD_KEYS) | {"token_logits", FORCED_TOP_KEY}
 # `token_logits` (beyond v1: the chosen token's raw logit per position) fixes the size of a
 # grid step for the ULP doctrine, so a tampered one could widen a step at will. No trained
 # model's logits come near this magnitude (top logits sit at 10-60; GPT-2's most negative
@@ -192,6 +200,8 @@ class PromptRecord:
         if self.forced_token_ids is not None:
             out["forced_token_ids"] = list(self.forced_token_ids)
         out.update(self.extra)
+        if isinstance(out.get(FORCED_TOP_KEY), TopLogprobs):
+            out[FORCED_TOP_KEY] = out[FORCED_TOP_KEY].tolist()
         return out
 
 
@@ -229,7 +239,16 @@ def _read_trace(name: str, role: str | None) -> Trace:
     header: TraceHeader | None = None
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
+    cost = 0
     for lineno, raw in _lines(name):
+        line_cost = _line_cost(raw) + len(raw)
+        if cost + line_cost > MAX_TRACE_COST:
+            why = (
+                f"the records up to here would take about {(cost + line_cost) / 2**20:,.0f} MiB of memory "
+                f"(mostly lists or objects); the file is refused (limit {MAX_TRACE_COST / 2**20:,.0f} MiB "
+                "for a whole trace)"
+            )
+            raise TraceError(name, lineno, None, why)
         obj = _loads(name, lineno, raw)
         if header is None:
             _check_unique_keys(name, lineno, raw, obj, _keys_in(obj))
@@ -245,6 +264,8 @@ def _read_trace(name: str, role: str | None) -> Trace:
             raise TraceError(name, lineno, "id", f"duplicate id {rec.id!r} (first on line {seen[rec.id]})")
         seen[rec.id] = lineno
         records.append(rec)
+        # What stays: the line's estimate, less what the compact arrays saved.
+        cost += max(len(raw), line_cost - _compacted(rec.top_logprobs) - _compacted(rec.extra.get(FORCED_TOP_KEY)))
     if header is None:
         raise TraceError(name, None, None, "empty file: a trace needs a header line")
     return Trace(header=header, records=tuple(records), path=name)
@@ -333,6 +354,14 @@ def _check_not_cut(name: str, lineno: int, line: bytes) -> None:
                 cut = err.reason == "unexpected end of data"
         if cut:
             raise TraceError(name, lineno, None, f"the file ends mid-line (truncated?): {exc.msg}") from None
+
+
+def _compacted(top: Any) -> int:
+    """What parsing `top` was estimated to cost (see _line_cost), when it is now kept as arrays."""
+    if not isinstance(top, TopLogprobs):
+        return 0
+    n, k = top.ids.shape
+    return 64 * (1 + n + n * k) + 32 * (2 * n * k) - 16 * n * k
 
 
 def _line_cost(raw: bytes) -> int:
@@ -514,6 +543,8 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
             raise TraceError(name, lineno, "forced_token_ids", "is for candidate traces only")
         forced_ids = _int_list(name, lineno, "forced_token_ids", forced)
     extra = {k: v for k, v in obj.items() if k not in _RECORD_KEYS}
+    if extra.get(FORCED_TOP_KEY) is not None:
+        extra[FORCED_TOP_KEY] = check_forced_top(name, lineno, extra[FORCED_TOP_KEY], forced_ids, header, oracle)
     check_routing_fields(
         name,
         lineno,
@@ -535,6 +566,35 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
         forced_token_ids=forced_ids,
         extra=extra,
     )
+
+
+def check_forced_top(
+    name: str,
+    lineno: int | None,
+    value: Any,
+    forced_ids: Sequence[int] | None,
+    header: TraceHeader,
+    oracle: bool,
+    *,
+    where: str = "",
+) -> Sequence[TopList]:
+    """`forced_top_logprobs`: the candidate's own top-k at each teacher-forced position,
+    checked exactly as `top_logprobs` is (logprob <= 0 and finite, sorted, no repeated id,
+    integer ids, within the header's top_k plus the chosen token), and only beside the
+    `forced_token_ids` it describes. Once per record, in linear time."""
+    fld = where + FORCED_TOP_KEY
+    if oracle:
+        raise TraceError(name, lineno, fld, "is for candidate traces only")
+    if forced_ids is None:
+        why = "needs forced_token_ids in the same record (forced lists without a forced decode to describe)"
+        raise TraceError(name, lineno, fld, why)
+    if header.top_k == 0:
+        why = "the header's top_k is 0 (no logprobs), but this record carries forced top-k lists"
+        raise TraceError(name, lineno, fld, why)
+    compact = isinstance(value, TopLogprobs) and len(value) == len(forced_ids)
+    if compact and value.ids.shape[1] <= header.top_k + 1:
+        return value  # the reader's own arrays: validated when made
+    return check_top_logprobs(name, lineno, value, forced_ids, oracle=False, fld=fld, top_k=header.top_k)
 
 
 def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[int]) -> None:

@@ -17,6 +17,10 @@ DEFAULT_NEAR_TIE_MNATS = 125.0
 # The evidence rule's unit never shrinks below the grid step at this logit size (bf16: 125
 # mnats): the size where a model's top candidates usually sit (see `Evidence`).
 DEFAULT_FLOOR_LOGIT = 16.0
+# The drift's tail limit (the run's p90 of |swing|) when the doctrine names none: this many
+# times `drift_ulps`. Honest engines' p90 reach 1.03 units, the self-test's one-step mutant
+# (which must be ratified) 2; the default drift_ulps 2 puts the tail limit at 4.
+DRIFT_TAIL_FACTOR = 2.0
 # The grid the ULP doctrine uses when neither the doctrine nor the oracle's header names one.
 DEFAULT_DTYPE = "bfloat16"
 
@@ -43,10 +47,16 @@ class Evidence:
     candidate_ulps: float
     drift_ulps: float
     floor_logit: float = DEFAULT_FLOOR_LOGIT
+    # The limit on the run's p90 of |swing| (the drift's tail); None: DRIFT_TAIL_FACTOR x
+    # drift_ulps. `drift_ulps` bounds the median over the run, each prompt and each window
+    # of positions (gate.core.verdict.evidence).
+    drift_p90_ulps: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("oracle_ulps", "candidate_ulps", "drift_ulps", "floor_logit"):
+        for name in ("oracle_ulps", "candidate_ulps", "drift_ulps", "floor_logit", "drift_p90_ulps"):
             value = getattr(self, name)
+            if name == "drift_p90_ulps" and value is None:
+                continue
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
@@ -57,12 +67,20 @@ class Evidence:
                 raise InputError(f"doctrine evidence: {name} must be a finite number >= 0, found {value!r}")
 
     def to_dict(self) -> dict[str, float]:
-        return {
+        out = {
             "oracle_ulps": float(self.oracle_ulps),
             "candidate_ulps": float(self.candidate_ulps),
             "drift_ulps": float(self.drift_ulps),
             "floor_logit": float(self.floor_logit),
         }
+        if self.drift_p90_ulps is not None:
+            out["drift_p90_ulps"] = float(self.drift_p90_ulps)
+        return out
+
+    @property
+    def tail_limit_ulps(self) -> float:
+        """The limit on the run's p90 of |swing|."""
+        return float(self.drift_p90_ulps) if self.drift_p90_ulps is not None else DRIFT_TAIL_FACTOR * self.drift_ulps
 
     def unit_logit(self, top_logit: float) -> float:
         """The logit size whose grid step is this rule's unit at a position."""
@@ -73,7 +91,8 @@ class Evidence:
         if not isinstance(raw, Mapping):
             raise InputError(f"{where}: field 'evidence' must be an object, found {type(raw).__name__}")
         keys = ("oracle_ulps", "candidate_ulps", "drift_ulps")
-        unknown = sorted(set(raw) - {*keys, "floor_logit"})
+        optional = ("floor_logit", "drift_p90_ulps")
+        unknown = sorted(set(raw) - {*keys, *optional})
         missing = [k for k in keys if k not in raw]
         if unknown or missing:
             raise InputError(
@@ -82,7 +101,7 @@ class Evidence:
                 + (f"; missing {', '.join(missing)}" if missing else "")
             )
         try:
-            return cls(**{k: raw[k] for k in (*keys, "floor_logit") if k in raw})
+            return cls(**{k: raw[k] for k in (*keys, *optional) if k in raw})
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
 

@@ -20,7 +20,15 @@ each binade of the logit, and below |logit| 16 the error no longer shrinks with 
   ((L[o] - L[r]) - (C[o] - C[r])) / step, r the oracle's runner-up. Honest engines swing
   by a fraction of a step around 0; an engine that moves the runner-up (or anything else
   near the top) by a few steps at every position swings by that much everywhere, flip or
-  no flip. The median of |swing| over the run is the figure the doctrine bounds.
+  no flip. The doctrine bounds the median of |swing| where the drift happens: over the
+  run, over each prompt, and over each window of generated positions (positions 0-15,
+  16-31, ... pooled across prompts), each judged once it holds 16 positions; and its
+  upper tail, the run's p90 of |swing|. A bias confined to late positions (a KV-cache
+  block bug) or to some prompts cannot hide in the healthy positions' median.
+- The candidate's own choice must be a maximum of its own list at every position (free run
+  and forced), within one float32 rounding: a candidate whose sampler does not take the
+  top of the logprobs it reports (a penalty left on, logprobs recorded before it) earns no
+  allowance from them anywhere (`NotGreedy`).
 """
 
 from __future__ import annotations
@@ -33,18 +41,36 @@ from typing import Any
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.doctrine import Evidence
 from gate.core.verdict.grid import grid_step, logprob_slack
-from gate.errors import InputError
+from gate.core.verdict.own_lists import FORCED, CandidateEvidence, OwnLists, forced_tops, free_tops
+from gate.core.verdict.rules import RULE_NEGATIVE_MARGIN, RULE_ORACLE_GAP, RULE_OWN_MARGIN
 
-# The candidate record field with its top-k at each teacher-forced position (an addition to
-# trace v1: candidate only, optional, one list per oracle position, like `top_logprobs`).
-FORCED_TOP_KEY = "forced_top_logprobs"
-# Fewer matched positions than this and the run's drift is not judged (too little evidence).
+# Fewer measured positions than this and the drift (of the run, a prompt, a window) is not
+# judged: too little evidence.
 MIN_DRIFT_POSITIONS = 16
+# The windows of generated positions the drift is judged over (pooled across prompts).
+DRIFT_WINDOW = 16
+
+
+@dataclass(frozen=True, slots=True)
+class DriftWindow:
+    """The median |swing| over one prompt or one window of generated positions."""
+
+    kind: str  # "prompt" or "positions"
+    name: str  # the prompt id, or "16-31"
+    positions: int
+    median_ulps: float
+
+    def label(self) -> str:
+        return f"prompt {self.name}" if self.kind == "prompt" else f"positions {self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "positions": self.positions, "median_ulps": self.median_ulps}
 
 
 @dataclass(frozen=True, slots=True)
 class RunDrift:
-    """The run's swing statistics, in grid steps (None: no position could be measured)."""
+    """The run's swing statistics, in evidence units (the floored grid step; None: no
+    position could be measured), with the judged windows (prompts, position blocks)."""
 
     positions: int
     median_ulps: float | None
@@ -52,15 +78,41 @@ class RunDrift:
     max_ulps: float | None
     mean_signed_ulps: float | None
     limit_ulps: float | None = None
+    # The limit on the run's p90 of |swing| (the tail); None: not judged.
+    tail_limit_ulps: float | None = None
+    # Every prompt and every window of positions with at least MIN_DRIFT_POSITIONS measured.
+    windows: tuple[DriftWindow, ...] = ()
 
     @property
     def judged(self) -> bool:
         return self.median_ulps is not None and self.positions >= MIN_DRIFT_POSITIONS
 
     @property
+    def beyond_where(self) -> tuple[str, ...]:
+        """Where the drift is beyond the doctrine: `run median 2.50 > 2`, `p90 ...`, `prompt 'x' ...`."""
+        if not self.judged or self.limit_ulps is None:
+            return ()
+        out: list[str] = []
+        limit = self.limit_ulps
+        if (self.median_ulps or 0.0) > limit:
+            out.append(f"run median {self.median_ulps:.2f} > {limit:g}")
+        if self.tail_limit_ulps is not None and (self.p90_ulps or 0.0) > self.tail_limit_ulps:
+            out.append(f"run p90 {self.p90_ulps:.2f} > {self.tail_limit_ulps:g}")
+        out.extend(
+            f"{w.label()} median {w.median_ulps:.2f} > {limit:g} ({w.positions} positions)"
+            for w in self.windows
+            if w.median_ulps > limit
+        )
+        return tuple(out)
+
+    @property
     def beyond(self) -> bool:
-        """The run drifts further than the doctrine allows (a broken engine, flip or no flip)."""
-        return self.judged and self.limit_ulps is not None and (self.median_ulps or 0.0) > self.limit_ulps
+        """The drift is further than the doctrine allows somewhere (a broken engine, flip or no flip)."""
+        return bool(self.beyond_where)
+
+    def worst(self, kind: str) -> DriftWindow | None:
+        ws = [w for w in self.windows if w.kind == kind]
+        return max(ws, key=lambda w: w.median_ulps) if ws else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,16 +123,31 @@ class RunDrift:
             "mean_signed_ulps": self.mean_signed_ulps,
             "limit_ulps": self.limit_ulps,
             "beyond": self.beyond,
+            # Additions: what the figures count, the tail's limit, where the drift was judged.
+            "unit": "evidence units (the dtype's grid step at max(|top logit|, floor_logit))",
+            "judged": self.judged,
+            "min_positions": MIN_DRIFT_POSITIONS,
+            "p90_limit_ulps": self.tail_limit_ulps,
+            "windows": [w.to_dict() for w in self.windows],
+            "beyond_where": list(self.beyond_where),
         }
 
     def line(self) -> str:
         if self.median_ulps is None:
             return "run drift: not measured (no candidate top-k at positions sharing the oracle's context)"
-        limit = f" (limit {self.limit_ulps:g})" if self.limit_ulps is not None else ""
-        return (
-            f"run drift: median {self.median_ulps:.2f}{limit}, p90 {self.p90_ulps:.2f}, "
-            f"max {self.max_ulps:.2f} grid steps over {self.positions} positions"
+        figures = (
+            f"median {self.median_ulps:.2f}, p90 {self.p90_ulps:.2f}, max {self.max_ulps:.2f} units over "
+            f"{self.positions} positions"
         )
+        if not self.judged:
+            return f"run drift: not judged ({self.positions} < {MIN_DRIFT_POSITIONS} positions): {figures}"
+        limits = ""
+        if self.limit_ulps is not None:
+            tail = f", p90 limit {self.tail_limit_ulps:g}" if self.tail_limit_ulps is not None else ""
+            limits = f" (median limit {self.limit_ulps:g} over the run, each prompt and each window{tail})"
+        worst = [w for w in (self.worst("prompt"), self.worst("positions")) if w is not None]
+        at = "; worst " + ", ".join(f"{w.label()} {w.median_ulps:.2f}" for w in worst) if worst else ""
+        return f"run drift: {figures}{limits}{at}"
 
 
 def lp_map(top: Sequence[Sequence[Any]]) -> dict[int, float]:
@@ -90,8 +157,7 @@ def lp_map(top: Sequence[Sequence[Any]]) -> dict[int, float]:
 def step_at(oracle: PromptRecord, i: int, grid: Any) -> float | None:
     """The grid step at the oracle's top logit at position i (None without token_logits).
 
-    `grid` is `gate.core.verdict.adjudicate.grid_step` bound to the doctrine's dtype (passed in:
-    this module sits below the adjudication)."""
+    `grid` is `gate.core.verdict.grid.grid_step` bound to the doctrine's dtype."""
     logits = oracle.extra.get("token_logits")
     if not isinstance(logits, list) or i >= len(logits):
         return None
@@ -101,38 +167,16 @@ def step_at(oracle: PromptRecord, i: int, grid: Any) -> float | None:
     return float(grid(float(value)))
 
 
-def forced_tops(rec: PromptRecord, n: int, path: str = "candidate") -> Sequence[Sequence[Any]] | None:
-    """The record's `forced_top_logprobs` (one list per oracle position), or None."""
-    raw = rec.extra.get(FORCED_TOP_KEY)
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or len(raw) != n:
-        size = len(raw) if isinstance(raw, list) else type(raw).__name__
-        raise InputError(
-            f"{path}: prompt {rec.id!r}: field {FORCED_TOP_KEY!r}: expected one top-k list per oracle position "
-            f"({n}), found {size}"
-        )
-    for i, pos in enumerate(raw):
-        if not isinstance(pos, list) or not all(
-            isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and isinstance(p[1], (int, float))
-            for p in pos
-        ):
-            raise InputError(
-                f"{path}: prompt {rec.id!r}: field {FORCED_TOP_KEY!r}[{i}]: expected [[token_id, logprob], ...]"
-            )
-    return raw
-
-
 def aligned_tops(
-    oracle: PromptRecord, candidate: PromptRecord, path: str = "candidate"
+    oracle: PromptRecord, candidate: PromptRecord, path: str = "candidate", own: OwnLists | None = None
 ) -> Iterator[tuple[int, Sequence[Sequence[Any]]]]:
     """(position, the candidate's top-k there) wherever the candidate's context is the oracle's."""
     n = len(oracle.token_ids)
-    forced = forced_tops(candidate, n, path)
+    forced = own.forced if own is not None else forced_tops(candidate, n, path)
     if forced is not None:
         yield from enumerate(forced)
         return
-    top = candidate.top_logprobs
+    top = own.free if own is not None else candidate.top_logprobs
     if top is None:
         return
     ot, ct = oracle.token_ids, candidate.token_ids
@@ -155,40 +199,80 @@ def swing(oracle_top: Sequence[Sequence[Any]], candidate_top: Sequence[Sequence[
     return (d_oracle - (c[o] - c[r])) / step
 
 
-def run_drift(oracle: Trace, candidate: Trace, grid: Any, *, limit_ulps: float | None = None) -> RunDrift:
+def run_drift(
+    oracle: Trace,
+    candidate: Trace,
+    grid: Any,
+    *,
+    limit_ulps: float | None = None,
+    tail_limit_ulps: float | None = None,
+    evidence: CandidateEvidence | None = None,
+) -> RunDrift:
     """The swing statistics of a run (see the module doc); prompts matched by id."""
     cand = candidate.by_id()
     swings: list[float] = []
+    per_prompt: dict[str, list[float]] = {}
+    per_window: dict[int, list[float]] = {}
     for o in oracle.records:
         c = cand.get(o.id)
         if c is None or o.top_logprobs is None:
             continue
-        for i, ctop in aligned_tops(o, c, candidate.path):
+        own = evidence.own(o.id) if evidence is not None else None
+        mine = per_prompt.setdefault(o.id, [])
+        for i, ctop in aligned_tops(o, c, candidate.path, own):
             step = step_at(o, i, grid)
             if step is None:
                 continue
             s = swing(o.top_logprobs[i], ctop, step)
             if s is not None:
                 swings.append(s)
-    return summarise(swings, limit_ulps)
+                mine.append(s)
+                per_window.setdefault(i // DRIFT_WINDOW, []).append(s)
+    windows = [
+        DriftWindow("prompt", pid, len(v), _median(sorted(map(abs, v))))
+        for pid, v in per_prompt.items()
+        if len(v) >= MIN_DRIFT_POSITIONS
+    ]
+    windows += [
+        DriftWindow("positions", _window_name(b), len(v), _median(sorted(map(abs, v))))
+        for b, v in sorted(per_window.items())
+        if len(v) >= MIN_DRIFT_POSITIONS
+    ]
+    return summarise(swings, limit_ulps, tail_limit_ulps=tail_limit_ulps, windows=tuple(windows))
 
 
-def summarise(swings: Sequence[float], limit_ulps: float | None = None) -> RunDrift:
+def _window_name(block: int) -> str:
+    return f"{block * DRIFT_WINDOW}-{(block + 1) * DRIFT_WINDOW - 1}"
+
+
+def _median(mags: Sequence[float]) -> float:
+    n = len(mags)
+    return float(mags[n // 2] if n % 2 else (mags[n // 2 - 1] + mags[n // 2]) / 2.0)
+
+
+def summarise(
+    swings: Sequence[float],
+    limit_ulps: float | None = None,
+    *,
+    tail_limit_ulps: float | None = None,
+    windows: tuple[DriftWindow, ...] = (),
+) -> RunDrift:
     if not swings:
-        return RunDrift(0, None, None, None, None, limit_ulps)
+        return RunDrift(0, None, None, None, None, limit_ulps, tail_limit_ulps)
     # Plain arithmetic, not `statistics` (which imports `fractions`): the core stays cheap
     # to import, the way `gate compare` is.
     mags = sorted(abs(s) for s in swings)
     n = len(mags)
-    median = mags[n // 2] if n % 2 else (mags[n // 2 - 1] + mags[n // 2]) / 2.0
     p90 = mags[min(n - 1, math.ceil(0.9 * n) - 1)]
     return RunDrift(
         positions=n,
-        median_ulps=float(median),
+        median_ulps=_median(mags),
         p90_ulps=float(p90),
         max_ulps=float(mags[-1]),
         mean_signed_ulps=float(math.fsum(swings) / n),
         limit_ulps=limit_ulps,
+        tail_limit_ulps=tail_limit_ulps,
+        windows=windows,
     )
 
 
@@ -209,12 +293,33 @@ def flip_top(
     candidate: PromptRecord, position: int, source: str, n: int, path: str = "candidate"
 ) -> Sequence[Sequence[Any]] | None:
     """The candidate's top-k at a flip: its free-run list at the first divergence (same
-    context as the oracle's), its forced list at a forced one."""
-    if source == "forced":
-        forced = forced_tops(candidate, n, path)
-        return forced[position] if forced is not None else None
-    top = candidate.top_logprobs
-    return top[position] if top is not None and position < len(top) else None
+    context as the oracle's), its forced list at a forced one (validated on each call: for
+    one-off use; `compare` checks each record's lists once, `CandidateEvidence`)."""
+    own = OwnLists(free_tops(candidate), forced_tops(candidate, n, path) if source == FORCED else None)
+    return own.at(source, position)
+
+
+def evidence_verdict(
+    o_lp: float,
+    c_lp: float,
+    margin: float,
+    step: float,
+    evidence: Evidence,
+    candidate_top: Sequence[Sequence[Any]] | None,
+) -> str | None:
+    """The evidence rule at one flip: None when the oracle's gap and the candidate's own
+    margin are both within their limits (each up to one float32 rounding of its logprobs,
+    as `logprob_slack`), else the limit that failed. A negative margin (the candidate's own
+    list puts the oracle's token above the one it took) never earns an allowance."""
+    if not 0.0 < o_lp - c_lp <= evidence.oracle_ulps * step + logprob_slack(o_lp, c_lp):
+        return RULE_ORACLE_GAP
+    if margin < 0.0:
+        return RULE_NEGATIVE_MARGIN
+    own = [float(lp) for _, lp in candidate_top or ()]
+    slack = logprob_slack(*own) if own else 0.0
+    if margin * step > evidence.candidate_ulps * step + slack:
+        return RULE_OWN_MARGIN
+    return None
 
 
 def evidence_near(
@@ -225,13 +330,8 @@ def evidence_near(
     evidence: Evidence,
     candidate_top: Sequence[Sequence[Any]] | None,
 ) -> bool:
-    """The evidence rule at one flip: the oracle's gap and the candidate's own margin both
-    within their limits (each up to one float32 rounding of its logprobs, as `logprob_slack`)."""
-    if not 0.0 < o_lp - c_lp <= evidence.oracle_ulps * step + logprob_slack(o_lp, c_lp):
-        return False
-    own = {int(t): float(lp) for t, lp in candidate_top or ()}
-    slack = logprob_slack(*own.values()) if own else 0.0
-    return margin * step <= evidence.candidate_ulps * step + slack
+    """The evidence rule at one flip (see `evidence_verdict`): True for a near tie."""
+    return evidence_verdict(o_lp, c_lp, margin, step, evidence, candidate_top) is None
 
 
 def own_margin(
@@ -245,8 +345,8 @@ def own_margin(
 ) -> float | None:
     """Where the oracle has no evidence (a context it never saw), the candidate's own: the
     margin in grid steps, at its own top logit, by which it took `new` over `old`, when that
-    is within the doctrine's `candidate_ulps` in a run whose drift is within the doctrine;
-    else None."""
+    is within the doctrine's `candidate_ulps` (and not negative) in a run whose drift is
+    within the doctrine; else None."""
     top, logits = candidate.top_logprobs, candidate.extra.get("token_logits")
     if evidence is None or old is None or new is None or top is None or (drift is not None and drift.beyond):
         return None
@@ -256,4 +356,4 @@ def own_margin(
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     margin = candidate_margin(top[position], old, new, grid_step(evidence.unit_logit(float(value)), dtype))
-    return margin if margin is not None and margin <= evidence.candidate_ulps else None
+    return margin if margin is not None and 0.0 <= margin <= evidence.candidate_ulps else None

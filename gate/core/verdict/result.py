@@ -9,6 +9,7 @@ from typing import Any
 from gate.core.traces.moe import RoutingFlip, RoutingSummary
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.evidence import RunDrift
+from gate.core.verdict.own_lists import NotGreedy
 from gate.core.verdict.run_record import RunRecord
 from gate.text import plural
 
@@ -19,6 +20,7 @@ _SEVERITY = {EXACT_TIE: 0, NEAR_TIE: 1, DEFECT: 2}
 
 FREE_RUN = "free_run"
 FORCED = "forced"
+
 
 STRICT_PASS = "strict_pass"
 RATIFIED_PASS = "ratified_pass"
@@ -68,6 +70,12 @@ class Divergence:
     alternatives: tuple[tuple[int, float, str | None], ...] = ()
     # MoE models: the first router flip at or before this position (gate.core.verdict.routing).
     routing_flip: RoutingFlip | None = None
+    # What decided the class (RULE_*). Units: `gap_ulps` counts steps of the logit's own
+    # grid (`ulp_mnats` each); `gap_units` and `candidate_margin_ulps` count the evidence
+    # rule's floored unit (`unit_mnats` each: the grid step at max(|top logit|, floor_logit)).
+    rule: str = ""
+    gap_units: float | None = None
+    unit_mnats: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -92,7 +100,14 @@ class Divergence:
         if self.forced_mode is not None:
             out["forced_mode"] = self.forced_mode
         if self.candidate_margin_ulps is not None:
-            out["candidate_margin_ulps"] = self.candidate_margin_ulps
+            out["candidate_margin_ulps"] = self.candidate_margin_ulps  # floored units, like gap_units
+            out["candidate_margin_units"] = self.candidate_margin_ulps
+        if self.gap_units is not None:
+            out["gap_units"] = self.gap_units
+        if self.unit_mnats is not None:
+            out["unit_mnats"] = self.unit_mnats
+        if self.rule:
+            out["rule"] = self.rule
         if self.oracle_text is not None:
             out["oracle_text"] = self.oracle_text
         if self.candidate_text is not None:
@@ -154,6 +169,10 @@ class GateResult:
     routing: RoutingSummary | None = None
     # The run's drift against the oracle (evidence doctrine only).
     drift: RunDrift | None = None
+    # Where the candidate's choice is not a maximum of its own reported list (the first
+    # NOT_GREEDY_KEPT), and how many there are in all.
+    not_greedy: tuple[NotGreedy, ...] = ()
+    not_greedy_total: int = 0
 
     @property
     def counts(self) -> dict[str, int]:
@@ -208,6 +227,11 @@ class GateResult:
             **({"meta": self.run.to_dict()} if self.run is not None and self.run.partial else {}),
             **({"routing": self.routing.to_dict()} if self.routing is not None else {}),
             **({"drift": self.drift.to_dict()} if self.drift is not None else {}),
+            **(
+                {"not_greedy": [g.to_dict() for g in self.not_greedy], "not_greedy_total": self.not_greedy_total}
+                if self.not_greedy_total
+                else {}
+            ),
             # Where the pin was recorded and where the candidate ran (`gate run`).
             **({"machine": dict(self.run.machine)} if self.run is not None and self.run.machine else {}),
             **({"doctrine_source": self.doctrine.source} if self.doctrine.source else {}),
