@@ -28,9 +28,9 @@ from typing import Any, Final, Protocol, runtime_checkable
 from gate.core.traces.trace import PromptRecord, TopList
 from gate.errors import EngineError, InputError
 
-
 # The schedule knobs an engine may declare (`schedule_knobs`), and what each one means.
-# The value the invariance workflow sets is always an integer, given as the option's string.
+# The value the invariance workflow sets is an integer, given as the option's string, except
+# `force_mode`'s, which is "prefill".
 SCHEDULE_KNOBS: Final[Mapping[str, str]] = {
     "batch_size": "prompts decoded together in one generate call (1: one at a time; 0: all at once)",
     "max_num_seqs": "the most sequences the engine's scheduler runs in one step",
@@ -39,6 +39,7 @@ SCHEDULE_KNOBS: Final[Mapping[str, str]] = {
     "n_ubatch": "llama.cpp's physical micro-batch: the most tokens one compute graph holds",
     "chunked_prefill": "the most prompt tokens one prefill step computes (a long prompt is split)",
     "concurrency": "requests a client keeps in flight at once to a server",
+    "force_mode": "how force computes fed positions: decode (a step per token) or prefill (one pass over them)",
 }
 
 
@@ -46,18 +47,16 @@ def schedule_knobs(engine_class: object) -> dict[str, str]:
     """The engine class's declared schedule knobs (knob name -> `--engine-opt` key), each
     name checked against `SCHEDULE_KNOBS`: a name outside it is an EngineError naming it."""
     declared = getattr(engine_class, "schedule_knobs", {}) or {}
+    who = getattr(engine_class, "__name__", engine_class)
     if not isinstance(declared, Mapping):
-        raise EngineError(f"{getattr(engine_class, '__name__', engine_class)!r}: schedule_knobs is not a mapping")
+        raise EngineError(f"{who!r}: schedule_knobs is not a mapping")
     out: dict[str, str] = {}
     for knob, key in declared.items():
         if knob not in SCHEDULE_KNOBS:
             known = ", ".join(SCHEDULE_KNOBS)
-            raise EngineError(
-                f"{getattr(engine_class, '__name__', engine_class)!r}: schedule knob {knob!r} is not one gate "
-                f"knows (known: {known})"
-            )
+            raise EngineError(f"{who!r}: schedule knob {knob!r} is not one gate knows (known: {known})")
         if not isinstance(key, str) or not key:
-            raise EngineError(f"{getattr(engine_class, '__name__', engine_class)!r}: schedule knob {knob!r} names no option")
+            raise EngineError(f"{who!r}: schedule knob {knob!r} names no option")
         out[str(knob)] = key
     return out
 
