@@ -29,7 +29,7 @@ app = typer.Typer(
 )
 
 # Each module defines `register(app)`; commands import their heavy dependencies lazily.
-COMMAND_MODULES = ("compare", "run", "pin", "goldens", "doctrine", "shards")
+COMMAND_MODULES = ("compare", "run", "pin", "goldens", "doctrine", "shards", "invariance")
 for _name in COMMAND_MODULES:
     importlib.import_module(f"gate.cli.{_name}").register(app)
 

@@ -26,6 +26,10 @@ RENDERERS: dict[tuple[str, str], str] = {
     ("Calibration", "json"): "gate.reports.calibrate:render_calibration_json",
     ("SelfTestResult", "rich"): "gate.reports.selftest:render_selftest_text",
     ("SelfTestResult", "json"): "gate.reports.selftest:render_selftest_json",
+    ("InvarianceResult", "rich"): "gate.reports.invariance:render_invariance_text",
+    ("InvarianceResult", "json"): "gate.reports.invariance:render_invariance_json",
+    ("InvarianceResult", "markdown"): "gate.reports.invariance:render_invariance_markdown",
+    ("InvarianceResult", "html"): "gate.reports.invariance:render_invariance_html",
 }
 
 # Result type -> "module:function(result, console)" drawing the rich report on a terminal.
@@ -34,6 +38,7 @@ TERMINAL: dict[str, str] = {
     "GoldensResult": "gate.reports.goldens:print_goldens",
     "Calibration": "gate.reports.calibrate:print_calibration",
     "SelfTestResult": "gate.reports.selftest:print_selftest",
+    "InvarianceResult": "gate.reports.invariance:print_invariance",
 }
 
 

@@ -71,7 +71,7 @@ class InvariancePlan:
     batch: int = 8  # N of the batch, max_num_seqs and needle cells
     seed: int = 0  # the shuffle's
     threads: int = 2  # the threads cell's (the baseline runs 1)
-    chunk: int = 16  # tokens per prefill chunk (the chunked_prefill cell)
+    chunk: int = 8  # tokens per prefill chunk (the chunked_prefill cell)
     strict: bool = False
 
     def __post_init__(self) -> None:
