@@ -28,8 +28,10 @@ class KnobbedFake(FakeEngine):
 
     def __init__(self, model: str, **options: Any) -> None:
         # The toy model has no threads; the knob is accepted and changes nothing.
+        given = dict(options)
         self.threads = options.pop("threads", None)
         super().__init__(model, **options)
+        FakeEngine.history[-1] = ("load", (model, given))  # as asked, threads included
 
 
 class PlaceFake(KnobbedFake):

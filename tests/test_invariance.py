@@ -227,3 +227,15 @@ def test_a_result_with_no_cell_run_refuses_a_verdict() -> None:
         _ = result.verdict
     with pytest.raises(Exception, match="no cell ran"):
         render(result, "json")
+
+
+def test_each_set_of_options_loads_the_engine_once(pins: Path) -> None:
+    from fake_engine import FakeEngine
+
+    FakeEngine.history.clear()
+    r = invariance(pins, f"{FAKES}:KnobbedFake")
+    assert r.exit_code == 0, r.output
+    loads = [opts for call, (_, opts) in ((c, a) for c, a in FakeEngine.history if c == "load")]
+    # The baseline's (repeat, shuffle, forced_decode), the batch's (needle too), the threads'.
+    assert loads == [{"threads": "1"}, {"threads": "1", "batch_size": "6"}, {"threads": "2"}]
+    assert [c for c, _ in FakeEngine.history].count("close") == 3
