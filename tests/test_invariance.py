@@ -239,3 +239,19 @@ def test_each_set_of_options_loads_the_engine_once(pins: Path) -> None:
     # The baseline's (repeat, shuffle, forced_decode), the batch's (needle too), the threads'.
     assert loads == [{"threads": "1"}, {"threads": "1", "batch_size": "6"}, {"threads": "2"}]
     assert [c for c, _ in FakeEngine.history].count("close") == 3
+
+
+def test_a_reference_without_raw_logits_is_sized_at_the_evidence_floor() -> None:
+    from gate.core.verdict.doctrine import Evidence
+
+    # The reference had 7 250 mnats behind 5; the cell took 7 by 10 mnats of its own.
+    ref = _rec("a", (5, 6), [[[5, -0.1], [7, -0.35]], [[6, -0.01]]])
+    flip = _rec("a", (7, 6), [[[7, -0.2], [5, -0.21]], [[6, -0.01]]])
+    plain = compare_runs(_trace(ref), _trace(flip), Doctrine(), Schedule("batch"))
+    assert plain.token_flips["defect"] == 1  # 250 > 125 mnats, no grid to weigh it on
+    evidence = Doctrine(evidence=Evidence(oracle_ulps=4, candidate_ulps=2, drift_ulps=2))
+    # At the floor (|logit| 16, bf16 step 125 mnats): 2 steps behind, 0.08 ahead: a near tie.
+    weighed = compare_runs(_trace(ref), _trace(flip), evidence, Schedule("batch"))
+    assert weighed.token_flips == {"exact_tie": 0, "near_tie": 1, "defect": 0}
+    tight = Doctrine(evidence=Evidence(oracle_ulps=1, candidate_ulps=2, drift_ulps=2))
+    assert compare_runs(_trace(ref), _trace(flip), tight, Schedule("batch")).token_flips["defect"] == 1

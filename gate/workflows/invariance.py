@@ -169,7 +169,7 @@ def run_invariance(
         base_knobs["batch_size"] = step
         baseline_schedule = Schedule("baseline", base_knobs, "the engine's own schedule, prompts in pin order")
         baseline = _free(runner, base_opts, prompts, step, "baseline")
-        notes = _notes(baseline)
+        notes = _notes(baseline, doctrine)
         # The cells that run under the baseline's own options first, while its engine is
         # loaded (a load is minutes for some engines); the report keeps the plan's order.
         order = sorted(plan.cells, key=lambda c: c not in _BASELINE_OPTIONS)
@@ -191,13 +191,15 @@ def run_invariance(
     )
 
 
-def _notes(baseline: Trace) -> tuple[str, ...]:
-    if any("token_logits" not in r.extra for r in baseline.records):
+def _notes(baseline: Trace, doctrine: Doctrine) -> tuple[str, ...]:
+    if all("token_logits" in r.extra for r in baseline.records):
+        return ()
+    if doctrine.evidence is not None:
         return (
-            "the baseline has no raw logits: flips are judged by the doctrine's near_tie_mnats alone "
-            "(the grid-step rules need the reference's token_logits)",
+            "the baseline has no raw logits: grid steps are taken at the evidence rule's floor "
+            f"(|logit| {doctrine.evidence.floor_logit:g}), the smallest unit the rule allows",
         )
-    return ()
+    return ("the baseline has no raw logits: flips are judged by the doctrine's near_tie_mnats alone",)
 
 
 def _cell(

@@ -248,7 +248,7 @@ def compare_runs(
     """Compare a cell's run with its reference run of the same engine (prompts matched by
     id; the reference restricted to the cell's prompts)."""
     wanted = {r.id for r in cell.records}
-    ref = replace(reference, records=tuple(r for r in reference.records if r.id in wanted))
+    ref = replace(reference, records=tuple(floored(r, doctrine) for r in reference.records if r.id in wanted))
     if len(ref.records) != len(cell.records):
         missing = sorted(wanted - {r.id for r in ref.records})
         raise InputError(f"cell {schedule.cell!r}: prompt(s) {missing[:5]} are not in the reference run")
@@ -290,6 +290,19 @@ def compare_runs(
         drift=result.drift,
         pin=pin,
     )
+
+
+def floored(rec: PromptRecord, doctrine: Doctrine) -> PromptRecord:
+    """A reference without raw logits, under the evidence rule, sized at the rule's floor:
+    its unit is the grid step at max(|top logit|, floor_logit), never less than the step at
+    the floor, so taking the floor is the smallest unit the rule allows: a flip the rule
+    ratifies with it, it would ratify with the true logits too, and the drift counts at
+    least as many units (`gate.core.verdict.doctrine.Evidence`). (A flip whose cell top-k
+    lacks either token falls back to `near_tie_ulps`, then also sized at the floor.)"""
+    ev = doctrine.evidence
+    if ev is None or isinstance(rec.extra.get("token_logits"), list):
+        return rec
+    return replace(rec, extra={**rec.extra, "token_logits": [float(ev.floor_logit)] * len(rec.token_ids)})
 
 
 def pin_verdict(result: GateResult) -> PinVerdict:
