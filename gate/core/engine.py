@@ -3,16 +3,62 @@
 An engine is built as `EngineClass(model, **options)` where `options` are the strings of
 `--engine-opt key=value` (convert them with `parse_options`). Built-in engines and plugins
 (entry-point group `gate.engines`, or `module:Class`) follow the same contract.
+
+Schedule knobs (`gate invariance`, docs/invariance.md): an engine class may declare
+`schedule_knobs: ClassVar[Mapping[str, str]]`, mapping a schedule knob name from the fixed
+vocabulary `SCHEDULE_KNOBS` below to the `--engine-opt` key that sets it on that engine, e.g.
+
+    class LlamaCppEngine:
+        schedule_knobs: ClassVar[Mapping[str, str]] = {
+            "threads": "threads", "n_batch": "n_batch", "n_ubatch": "n_ubatch"}
+
+The invariance workflow reads `getattr(engine_class, "schedule_knobs", {})` (a class
+attribute, so nothing is loaded to learn it) and runs a schedule cell only where the engine
+names its knob; any other cell is listed as not run, with the knob it lacks. Declaring a
+knob promises that setting the option changes only the schedule, never the arithmetic the
+engine means to do: the model, its dtype and its greedy rule stay as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from gate.core.traces.trace import PromptRecord, TopList
 from gate.errors import EngineError, InputError
+
+# The schedule knobs an engine may declare (`schedule_knobs`), and what each one means.
+# The value the invariance workflow sets is an integer, given as the option's string, except
+# `force_mode`'s, which is "prefill".
+SCHEDULE_KNOBS: Final[Mapping[str, str]] = {
+    "batch_size": "prompts decoded together in one generate call (1: one at a time; 0: all at once)",
+    "max_num_seqs": "the most sequences the engine's scheduler runs in one step",
+    "threads": "CPU threads the engine's kernels use",
+    "n_batch": "llama.cpp's logical batch: the most prompt tokens submitted to one decode call",
+    "n_ubatch": "llama.cpp's physical micro-batch: the most tokens one compute graph holds",
+    "chunked_prefill": "the most prompt tokens one prefill step computes (a long prompt is split)",
+    "concurrency": "requests a client keeps in flight at once to a server",
+    "force_mode": "how force computes fed positions: decode (a step per token) or prefill (one pass over them)",
+}
+
+
+def schedule_knobs(engine_class: object) -> dict[str, str]:
+    """The engine class's declared schedule knobs (knob name -> `--engine-opt` key), each
+    name checked against `SCHEDULE_KNOBS`: a name outside it is an EngineError naming it."""
+    declared = getattr(engine_class, "schedule_knobs", {}) or {}
+    who = getattr(engine_class, "__name__", engine_class)
+    if not isinstance(declared, Mapping):
+        raise EngineError(f"{who!r}: schedule_knobs is not a mapping")
+    out: dict[str, str] = {}
+    for knob, key in declared.items():
+        if knob not in SCHEDULE_KNOBS:
+            known = ", ".join(SCHEDULE_KNOBS)
+            raise EngineError(f"{who!r}: schedule knob {knob!r} is not one gate knows (known: {known})")
+        if not isinstance(key, str) or not key:
+            raise EngineError(f"{who!r}: schedule knob {knob!r} names no option")
+        out[str(knob)] = key
+    return out
 
 
 @dataclass(frozen=True, slots=True)

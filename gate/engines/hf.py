@@ -13,12 +13,21 @@ see and wrap:
 `force` runs the very same step function while feeding the oracle's tokens, so on the
 engine's own tokens it reproduces `generate` bit for bit.
 
+Schedules (`gate invariance`, docs/invariance.md): `batch_size` N > 1 decodes up to N prompts
+of one `generate` call together, left-padded to the longest with an attention mask (and
+position ids counted from each prompt's first real token), one forward per step for the
+whole batch; a batch of one, and the default `batch_size` 1, is the one-prompt loop above,
+unchanged. `prefill_chunk` C > 0 prefills a prompt C tokens at a time through the KV cache
+(a chunked prefill). `force_mode=prefill` computes a forced decode in one forward over the
+prompt and the fed tokens instead of a decode step per token.
+
 Options (`--engine-opt key=value`): device (cpu, cuda, cuda:N, mps, xpu; default cpu),
 dtype (bfloat16, float16, float32; default bfloat16), tie_break (lowest, highest),
 trust_remote_code (default false), revision, attn_implementation (e.g. eager, sdpa),
 threads (torch's intra-op threads for the whole process; default torch's choice, one per
 core: on a machine shared with other jobs, 1 avoids OpenMP spinning against them, which
-measured 7x slower per token with 2 threads on 2 busy cores).
+measured 7x slower per token with 2 threads on 2 busy cores), batch_size (default 1),
+prefill_chunk (default 0: the whole prompt in one forward), force_mode (decode, prefill).
 
 MoE models (docs/moe-routing.md): forward hooks on the routers (`gate.engines.hf_routing`,
 installed only when the model has MoE routers) record each input token's experts and
@@ -34,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -52,6 +61,7 @@ from gate.engines._common import (
 from gate.engines._common import stop_token_ids as _stop_token_ids
 from gate.engines._machine import host_machine
 from gate.engines.hf_routing import SOFTMAX, RouterHooks, find_routers
+from gate.engines.hf_schedules import force_prefill, generate_batch, prefill_chunked
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -66,7 +76,11 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "record_routing": (bool, True),
     "routing": (str, "own"),
     "router_tie_break": (str, "lowest"),
+    "batch_size": (int, 1),
+    "prefill_chunk": (int, 0),
+    "force_mode": (str, "decode"),
 }
+FORCE_MODES = ("decode", "prefill")
 ROUTING_MODES = ("own", "oracle")
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -97,6 +111,13 @@ class HFEngine(TokenizerMethods):
     """Greedy decoding of a transformers causal LM; see the module doc for the options."""
 
     name = "hf"
+    # gate.core.engine.SCHEDULE_KNOBS -> the option that sets it (`gate invariance`).
+    schedule_knobs: ClassVar[Mapping[str, str]] = {
+        "batch_size": "batch_size",
+        "threads": "threads",
+        "chunked_prefill": "prefill_chunk",
+        "force_mode": "force_mode",
+    }
 
     def __init__(self, model: str, **options: Any) -> None:
         opts = parse_options(self.name, options, OPTIONS)
@@ -111,6 +132,7 @@ class HFEngine(TokenizerMethods):
         self.dtype = DTYPES[dtype_name]
         self.tie_break = tie_break
         self.device = _device(str(opts["device"]))
+        self.batch_size, self.prefill_chunk, self.force_mode = _schedule(opts)
         if opts["threads"] is not None:
             if opts["threads"] < 1:
                 raise InputError(f"--engine-opt threads={opts['threads']}: expected a positive integer")
@@ -134,6 +156,8 @@ class HFEngine(TokenizerMethods):
         self.stop_ids = _stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.vocab_size: int | None = getattr(self.model.config, "vocab_size", None)
         self.router_hooks = self._routing_hooks(opts)
+        if self.router_hooks is not None and self.batch_size != 1:
+            raise InputError("--engine-opt batch_size: an MoE model's routing is recorded one prompt at a time (1)")
         self.oracle_routing: Mapping[tuple[int, ...], Any] | None = None
         self._rows: list[Any] = []  # this prompt's routing so far: experts, then router top
         self._tops: list[Any] = []
@@ -168,9 +192,17 @@ class HFEngine(TokenizerMethods):
         """Greedy free run of each prompt; see `gate.core.engine.Engine` for the shapes.
 
         Beyond v1's fields, each record's `extra["token_logits"]` holds the raw (float32)
-        logit of the chosen token at every position.
+        logit of the chosen token at every position. With `batch_size` N > 1, up to N
+        prompts at a time are decoded together (`gate.engines.hf_schedules`).
         """
-        return [self._generate_one(p, top_k) for p in prompts]
+        size = len(prompts) if self.batch_size == 0 else self.batch_size
+        if size <= 1:
+            return [self._generate_one(p, top_k) for p in prompts]
+        out: list[PromptRecord] = []
+        for start in range(0, len(prompts), size):
+            chunk = prompts[start : start + size]
+            out.extend(generate_batch(self, chunk, top_k) if len(chunk) > 1 else [self._generate_one(chunk[0], top_k)])
+        return out
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
         """Teacher-forced decode: prefill the prompt, then at each position i record this
@@ -179,6 +211,8 @@ class HFEngine(TokenizerMethods):
         does with its own choice."""
         check_prompt_ids("forced", prompt_token_ids, self.vocab_size)
         check_forced_ids(token_ids, self.vocab_size)
+        if self.force_mode == "prefill" and token_ids:
+            return force_prefill(self, prompt_token_ids, token_ids, top_k)
         chosen: list[int] = []
         tops: list[Pairs] = []
         logits_out: list[float] = []
@@ -233,9 +267,12 @@ class HFEngine(TokenizerMethods):
 
     def _prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
         """One forward over the whole prompt. Returns (logits of the last position, shape
-        [vocab], in the model's dtype; the KV cache the model built)."""
+        [vocab], in the model's dtype; the KV cache the model built). With `prefill_chunk`
+        C, the prompt goes C tokens a forward through the cache instead."""
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
         self._seq = 0
+        if self.prefill_chunk > 0 and ids.shape[1] > self.prefill_chunk:
+            return prefill_chunked(self, ids)
         out = self._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1], out.past_key_values
 
@@ -380,6 +417,18 @@ def top_k_pairs(logprobs: torch.Tensor, k: int, chosen: int) -> Pairs:
     if all(t != chosen for t, _ in pairs):
         pairs = sort_top([(t, lp) for t, lp in pairs] + [(chosen, float(logprobs[chosen]))])
     return pairs
+
+
+def _schedule(opts: Mapping[str, Any]) -> tuple[int, int, str]:
+    """(batch_size, prefill_chunk, force_mode) from the options, each checked."""
+    batch, chunk, mode = opts["batch_size"], opts["prefill_chunk"], str(opts["force_mode"]).lower()
+    if batch < 0:
+        raise InputError(f"--engine-opt batch_size={batch}: expected 0 (all at once) or a positive integer")
+    if chunk < 0:
+        raise InputError(f"--engine-opt prefill_chunk={chunk}: expected 0 (whole prompt) or a positive integer")
+    if mode not in FORCE_MODES:
+        raise InputError(f"--engine-opt force_mode={opts['force_mode']}: expected decode or prefill")
+    return int(batch), int(chunk), mode
 
 
 def _device(name: str) -> torch.device:

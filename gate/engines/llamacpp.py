@@ -44,7 +44,7 @@ import os
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import llama_cpp
 import numpy as np
@@ -97,6 +97,8 @@ class LlamaCppEngine:
     """Greedy decoding of a GGUF in llama.cpp; see the module doc for the options."""
 
     name = "llamacpp"
+    # gate.core.engine.SCHEDULE_KNOBS -> the option that sets it (`gate invariance`).
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"threads": "threads", "n_batch": "n_batch", "n_ubatch": "n_ubatch"}
 
     def __init__(self, model: str, **options: Any) -> None:
         opts = parse_options(self.name, options, OPTIONS)

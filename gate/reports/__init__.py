@@ -29,6 +29,10 @@ RENDERERS: dict[tuple[str, str], str] = {
     ("Diagnosis", "rich"): "gate.reports.diagnose:render_diagnosis_text",
     ("Diagnosis", "json"): "gate.reports.diagnose:render_diagnosis_json",
     ("Diagnosis", "html"): "gate.reports.diagnose:render_diagnosis_html",
+    ("InvarianceResult", "rich"): "gate.reports.invariance:render_invariance_text",
+    ("InvarianceResult", "json"): "gate.reports.invariance:render_invariance_json",
+    ("InvarianceResult", "markdown"): "gate.reports.invariance:render_invariance_markdown",
+    ("InvarianceResult", "html"): "gate.reports.invariance:render_invariance_html",
 }
 
 # Result type -> "module:function(result, console)" drawing the rich report on a terminal.
@@ -38,6 +42,7 @@ TERMINAL: dict[str, str] = {
     "Calibration": "gate.reports.calibrate:print_calibration",
     "SelfTestResult": "gate.reports.selftest:print_selftest",
     "Diagnosis": "gate.reports.diagnose:print_diagnosis",
+    "InvarianceResult": "gate.reports.invariance:print_invariance",
 }
 
 

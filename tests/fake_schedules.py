@@ -1,0 +1,62 @@
+"""Fake engines for `gate invariance`'s negative controls: faults of the schedule a real
+engine cannot be made to show on demand. Each is the toy model of tests/fake_engine.py with
+schedule knobs declared (`schedule_knobs`, gate.core.engine).
+
+- `KnobbedFake`: the honest toy model with the batch_size and threads knobs: batch- and
+  order-invariant by construction, so every cell it runs is bit-identical.
+- `PlaceFake`: logits that depend on a prompt's place in the batch: the runner-up's logit
+  gains 0.5 nats per place, so a prompt anywhere but first in a batch flips where its
+  leader was less than that far ahead.
+- `JitterFake`: logits that move a little on every call: on every other generation of a
+  prompt the runner-up's logit gains 0.3 nats.
+- `BadKnobFake`: declares a knob outside gate's vocabulary (an engine error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from fake_engine import FakeEngine
+
+from gate.core.engine import PromptInput
+from gate.core.traces.trace import PromptRecord
+
+
+class KnobbedFake(FakeEngine):
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"batch_size": "batch_size", "threads": "threads"}
+
+    def __init__(self, model: str, **options: Any) -> None:
+        # The toy model has no threads; the knob is accepted and changes nothing.
+        given = dict(options)
+        self.threads = options.pop("threads", None)
+        super().__init__(model, **options)
+        FakeEngine.history[-1] = ("load", (model, given))  # as asked, threads included
+
+
+class PlaceFake(KnobbedFake):
+    PER_PLACE = 0.5
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        out: list[PromptRecord] = []
+        for place, p in enumerate(prompts):
+            self.opts["second_bias"] = self.PER_PLACE * place
+            out.extend(super().generate([p], top_k))
+        self.opts["second_bias"] = 0.0
+        return out
+
+
+class JitterFake(KnobbedFake):
+    SHIFT = 0.3
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        out: list[PromptRecord] = []
+        for p in prompts:
+            self.opts["second_bias"] = self.SHIFT if self.generated.get(p.id, 0) % 2 else 0.0
+            out.extend(super().generate([p], top_k))
+        self.opts["second_bias"] = 0.0
+        return out
+
+
+class BadKnobFake(FakeEngine):
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"warp_speed": "seed"}
