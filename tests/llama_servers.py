@@ -37,7 +37,8 @@ def llama_server_binary() -> Path | None:
 
 
 def have_llama_cpp_python_server() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "fastapi", "uvicorn", "starlette_context"))
+    modules = ("llama_cpp", "fastapi", "uvicorn", "starlette_context")
+    return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
 @contextlib.contextmanager
