@@ -75,7 +75,11 @@ def test_top_logprobs_do_not_depend_on_how_many_are_asked(engine: LlamaServerEng
     assert wide.token_ids == narrow.token_ids
     assert wide.top_logprobs is not None and narrow.top_logprobs is not None
     for w, n in zip(wide.top_logprobs, narrow.top_logprobs, strict=True):
-        assert n == w[: len(n)]
+        assert [t for t, _ in n] == [t for t, _ in w[: len(n)]]
+        # Equal up to float32 summation order (the partial sort by k reorders the sum over
+        # the vocabulary): about 1e-5 nats. Renormalising over the top 3 would move them by
+        # the log of the mass left out, tenths of a nat here.
+        assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(n, w, strict=False))
 
 
 def test_a_chat_prompt_stops_on_the_end_of_turn_token(engine: LlamaServerEngine) -> None:

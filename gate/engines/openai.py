@@ -29,7 +29,6 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 import orjson
@@ -38,7 +37,7 @@ from gate import __version__
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
 from gate.engines.openai_http import ServerError, error_text, quote
-from gate.engines.openai_text import TextCompletionsDialect
+from gate.engines.openai_text import TextCompletionsDialect, local_decoder, stop_ids
 from gate.engines.server import BoundedPool, check_http_options, connect
 from gate.errors import EngineError, InputError
 
@@ -140,7 +139,8 @@ class OpenAIEngine:
                 # llama-cpp-python's name for the repetition penalty, which its greedy path applies first.
                 sampling={**self._sampling_extras(), "repeat_penalty": 1.0},
                 tokenize_path="/" + opts["tokenize_path"].lstrip("/"),
-                stop_token_ids=_stop_ids(model, opts["stop_token_ids"]),
+                stop_token_ids=stop_ids(model, opts["stop_token_ids"]),
+                local_decode=local_decoder(model),
             )
 
     def __repr__(self) -> str:
@@ -464,28 +464,6 @@ def _parse_extra_body(raw: Any) -> dict[str, Any]:
     if owned:
         raise InputError(f"--engine-opt extra_body: gate sets {', '.join(owned)} itself; leave them out")
     return obj
-
-
-def _stop_ids(model: str, raw: str | None) -> tuple[int, ...]:
-    """The ids a text server's stop may have been on: `stop_token_ids`, else the model's
-    `eos_token_id` from its generation config (or config) where gate has its folder."""
-    if raw:
-        try:
-            return tuple(int(x) for x in raw.split(",") if x.strip())
-        except ValueError:
-            raise InputError(f"--engine-opt stop_token_ids={raw}: expected token ids separated by commas") from None
-    from gate.models.default import DEFAULT_MODEL, default_model_dir
-
-    folder = default_model_dir() if model == DEFAULT_MODEL else Path(model).expanduser()
-    for name in ("generation_config.json", "config.json"):
-        try:
-            eos = json.loads((folder / name).read_text(encoding="utf-8")).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
-        if ids and all(type(t) is int and t >= 0 for t in ids):
-            return tuple(ids)
-    return ()
 
 
 def _hints(api_key_env: str | None, served_model: str) -> dict[int, str]:

@@ -5,8 +5,9 @@ Such a server refuses a prompt of token ids and answers with tokens as decoded s
 gate can trust neither direction without checking it:
 
 - The prompt goes out as text: the pinned text when the server tokenises it to exactly the
-  pinned ids, else the server's own detokenisation of the pinned ids (a chat prompt's
-  rendered template) when that tokenises back to them. The check goes through the server's
+  pinned ids, else the pinned ids decoded by the model's own tokenizer (`tokenizer.json`
+  where gate has the model's folder; special tokens spelled out: a chat prompt's rendered
+  template) or by the server, when that tokenises back to them. The check goes through the server's
   tokenize endpoint (`tokenize_path`, llama-cpp-python's `/extras/tokenize`, answered with the
   tokenisation its completions use); a prompt whose ids no text reproduces is refused
   (exit 2: tokenizer drift, never a divergence).
@@ -35,8 +36,10 @@ token on the KV cache.
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import orjson
@@ -68,6 +71,7 @@ class TextCompletionsDialect:
         sampling: Mapping[str, Any],
         tokenize_path: str,
         stop_token_ids: Sequence[int],
+        local_decode: Callable[[Sequence[int]], str] | None = None,
     ) -> None:
         self.http = http
         self.served_model = served_model
@@ -78,6 +82,9 @@ class TextCompletionsDialect:
         self.tokenize_path = tokenize_path
         self.detokenize_path = tokenize_path.replace("tokenize", "detokenize")
         self.stop_token_ids = tuple(stop_token_ids)
+        # The pinned model's own tokenizer, where gate has its file: it spells special tokens
+        # out, which a server's detokenize (llama-cpp-python's) leaves out.
+        self.local_decode = local_decode
         self.where = f"{http.endpoint.display}/completions"
         self._lock = threading.Lock()
         self._ids_of: dict[str, tuple[int, ...]] = {}
@@ -193,7 +200,7 @@ class TextCompletionsDialect:
     def _prompt_text(self, prompt: PromptInput) -> str:
         pinned = tuple(int(t) for t in prompt.prompt_token_ids)
         got: tuple[int, ...] = ()
-        for text in (prompt.prompt, self._detokenize(pinned)):
+        for text in (prompt.prompt, *self._texts_of(pinned)):
             if text is None:
                 continue
             got = self._tokenize(text)
@@ -208,9 +215,17 @@ class TextCompletionsDialect:
             "The server's tokenizer is not the pinned one, so gate cannot send this prompt as text"
         )
 
+    def _texts_of(self, ids: tuple[int, ...]) -> list[str | None]:
+        """Texts that may tokenise to `ids`: the pinned model's own decoding (special tokens
+        spelled out), then the server's; each is checked before it is used."""
+        local = self.local_decode(ids) if self.local_decode is not None else None
+        return [local, self._detokenize(ids)]
+
     def _text_for(self, ids: tuple[int, ...]) -> str | None:
-        text = self._detokenize(ids)
-        return text if text is not None and self._tokenize(text) == ids else None
+        for text in self._texts_of(ids):
+            if text is not None and self._tokenize(text) == ids:
+                return text
+        return None
 
     def _token_id(self, s: str) -> int | None:
         """The one id whose text is `s`, or None where that is not unambiguous."""
@@ -322,3 +337,44 @@ class TextCompletionsDialect:
     def _fail(self, prompt_id: str | None, problem: str) -> NoReturn:
         about = f" (prompt {prompt_id!r})" if prompt_id is not None else ""
         raise EngineError(self.http.scrub(f"{self.where}{about}: {problem}"))
+
+
+def stop_ids(model: str, raw: str | None) -> tuple[int, ...]:
+    """The ids a text server's stop may have been on: `stop_token_ids`, else the model's
+    `eos_token_id` from its generation config (or config) where gate has its folder."""
+    if raw:
+        try:
+            return tuple(int(x) for x in raw.split(",") if x.strip())
+        except ValueError:
+            raise InputError(f"--engine-opt stop_token_ids={raw}: expected token ids separated by commas") from None
+    folder = model_folder(model)
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((folder / name).read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+        if ids and all(type(t) is int and t >= 0 for t in ids):
+            return tuple(ids)
+    return ()
+
+
+def model_folder(model: str) -> Path:
+    from gate.models.default import DEFAULT_MODEL, default_model_dir
+
+    return default_model_dir() if model == DEFAULT_MODEL else Path(model).expanduser()
+
+
+def local_decoder(model: str) -> Any:
+    """The pinned model's own decoder (special tokens spelled out) from its `tokenizer.json`,
+    where gate has the model's folder; None otherwise."""
+    path = model_folder(model) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path))
+    except Exception:  # no tokenizers package, or a file it cannot read: the server's decode only
+        return None
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=False)
