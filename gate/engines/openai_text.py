@@ -117,17 +117,25 @@ class TextCompletionsDialect:
                 f"{self.where}: forced decode is off (--engine-opt forced=none); "
                 "positions after a prompt's first divergence stay unadjudicated"
             )
-        prefix = tuple(int(t) for t in prompt_token_ids)
+        full = (*(int(t) for t in prompt_token_ids), *(int(t) for t in token_ids))
+        n = len(prompt_token_ids)
+        # Every prefix must be expressible as text before any is asked: a greedy answer need
+        # not be the canonical tokenisation of its own text (two "\n" tokens, where the
+        # tokenizer merges "\n\n"), and such a state cannot be sent to a text server.
+        texts = []
+        for i in range(len(token_ids)):
+            text = self._text_for(full[: n + i])
+            if text is None:
+                raise ForcedDecodeUnavailable(
+                    f"{self.where}: no text the server tokenises to the prompt plus the oracle's first {i} tokens "
+                    "(they are not the tokenisation of their own text); forced data is unavailable for this prompt"
+                )
+            texts.append(text)
         chosen: list[int] = []
         tops: list[Pairs] = []
         with_tops = top_k > 0
-        for i, fed in enumerate(token_ids):
-            text = self._text_for(prefix)
-            if text is None:
-                raise ForcedDecodeUnavailable(
-                    f"{self.where}: no text the server tokenises to the prompt plus the oracle's first {i} tokens; "
-                    "forced data is unavailable for this prompt"
-                )
+        for i, text in enumerate(texts):
+            prefix = full[: n + i]
             ids, _, lists, finish = self._complete(text, 1, top_k, None)
             if ids:
                 chosen.append(ids[0])
@@ -138,7 +146,6 @@ class TextCompletionsDialect:
                 with_tops = False
             else:
                 self._fail(None, f"forced position {i}: no token and finish_reason {finish!r}")
-            prefix += (int(fed),)
         return ForcedDecode(token_ids=tuple(chosen), top_logprobs=tops if with_tops else None, mode="decode")
 
     def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
