@@ -132,6 +132,7 @@ class _Vocab(TextCompletionsDialect):
         self.ids = dict(ids)
         self.http = _client(ScriptedTransport(200, {}))
         self.where = "http://127.0.0.1:9/v1/completions"
+        self.max_logprobs = 20
 
     def _token_id(self, s: str) -> int | None:
         return self.ids.get(s)
@@ -141,8 +142,10 @@ def test_a_string_keyed_top_list_is_kept_only_while_it_can_be_trusted() -> None:
     d = _Vocab({"a": 5, "b": 3, "c": 9, "d": 1})
     # "x" names no single id: the list ends before it, though "d" after it would map.
     assert d._top_list({"a": -0.1, "b": -2.0, "x": -3.0, "d": -4.0}, 5, -0.1, 4, "p", 0) == [[5, -0.1], [3, -2.0]]
-    # A logprob that rises is an entry overwritten by a colliding id: the list ends there.
-    assert d._top_list({"a": -0.1, "b": -2.0, "c": -1.0}, 5, -0.1, 4, "p", 0) == [[5, -0.1], [3, -2.0]]
+    # A logprob that rises is an entry out of place: the list ends there.
+    assert d._top_list({"a": -0.1, "b": -2.0, "c": -1.0, "d": -4.0}, 5, -0.1, 4, "p", 0) == [[5, -0.1], [3, -2.0]]
+    # Fewer keys than asked (4): two ids shared a key, and its value may be the other's.
+    assert d._top_list({"a": -0.1, "b": -6.0, "c": -3.0}, 5, -0.1, 4, "p", 0) == [[5, -0.1]]
     # The chosen token is always in, with its own logprob.
     assert d._top_list({"x": -0.1}, 9, -0.5, 4, "p", 0) == [[9, -0.5]]
     with pytest.raises(EngineError, match="not a finite number"):

@@ -17,9 +17,11 @@ gate can trust neither direction without checking it:
   drops, so several byte tokens all read ""; a special token's empty rendering) is an engine
   error naming the position, never a guess. The generated text must equal the mapped
   tokens' strings joined, which catches bytes a string hid.
-- Top-k maps keyed by strings lose entries when two ids share a string; gate keeps each list
-  only up to its first key that does not map or whose logprob is above the one before it
-  (the sign of an overwritten entry), so what it keeps is a true prefix of the top-k.
+- Top-k maps keyed by strings lose entries when two ids share a string (a space token, and a
+  space plus a partial character that llama-cpp-python drops, both read " "), and the value
+  left is the later one's. A map with fewer keys than asked keeps only the chosen token (its
+  logprob comes from `token_logprobs`); otherwise gate keeps each list up to its first key
+  that does not map or whose logprob is above the one before it.
 - The token a server stopped on is not in its answer (llama-cpp-python drops it). Gate names
   it only after checking: the candidate stop ids (`stop_token_ids`, default the model's
   `eos_token_id` from its config where gate has the model's folder) are tried one at a time
@@ -307,7 +309,11 @@ class TextCompletionsDialect:
             self._fail(prompt_id, f"position {position}: top_logprobs is not an object")
         pairs: dict[int, float] = {}
         previous = 0.0
-        for key, value in top.items():
+        # Fewer keys than asked: two ids shared a string and one overwrote the other's value,
+        # in a place no key shows (a space token and a space plus a dropped partial byte both
+        # read " "). Then only the chosen token's own logprob is trusted.
+        items = list(top.items()) if len(top) >= max(1, min(top_k, self.max_logprobs)) else []
+        for key, value in items:
             tid = self._token_id(key) if isinstance(key, str) else None
             if tid is None or type(value) not in (int, float) or not float("-inf") < value <= previous:
                 break  # beyond here the string-keyed map may have lost or overwritten entries
