@@ -7,6 +7,12 @@
 #                               no binary wheel for Linux x86-64 CPUs, so pip builds llama.cpp from
 #                               source, library only (LLAMA_CPP_CMAKE_ARGS below): about 5 minutes
 #                               on 2 free cores, once per machine (pip caches the built wheel).
+#                               With it come the packages of llama-cpp-python's own OpenAI-style
+#                               server (gate[llamacpp-server]), the text-prompt server gate tests.
+#   scripts/install.sh --llama-server   also llama.cpp's llama-server binary in .venv/bin, built from
+#                               the llama.cpp source in llama-cpp-python 0.3.36's sdist (about 5
+#                               minutes on 2 cores; cached under ~/.cache/gate/llama-server, so
+#                               another clone on this machine copies it): scripts/build_llama_server.sh
 # Environment: PYTHON (default python3), TORCH_SPEC (default torch==2.13.0, a CPU build where
 # one is on disk; set it to e.g. "torch" on a GPU machine), TORCH_INDEX_URL (the index torch
 # is installed from: PyTorch's own CPU wheel index gives the CPU build on Linux, where the
@@ -16,11 +22,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0
 llamacpp=0
+llama_server=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1; llamacpp=1 ;;
     --llamacpp) llamacpp=1 ;;
-    *) echo "usage: scripts/install.sh [--dev] [--llamacpp]" >&2; exit 2 ;;
+    --llama-server) llama_server=1 ;;
+    *) echo "usage: scripts/install.sh [--dev] [--llamacpp] [--llama-server]" >&2; exit 2 ;;
   esac
 done
 PY=${PYTHON:-python3}
@@ -51,6 +59,9 @@ if [ "$llamacpp" = 1 ]; then
   # that built it. Override with LLAMA_CPP_CMAKE_ARGS (e.g. -DGGML_NATIVE=ON for AVX-512).
   CMAKE_ARGS="${LLAMA_CPP_CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF}" \
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-    "${pip[@]}" -e ".[llamacpp]"
+    "${pip[@]}" -e ".[llamacpp,llamacpp-server]"
+fi
+if [ "$llama_server" = 1 ]; then
+  bash scripts/build_llama_server.sh
 fi
 .venv/bin/python -c "import gate, torch, transformers; print('gate installed in .venv (torch', torch.__version__ + ', transformers', transformers.__version__ + ')')"

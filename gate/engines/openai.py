@@ -12,6 +12,10 @@ position give the server's greedy choice there (`ForcedDecode(mode="prefill")`).
 that offers no prompt logprobs raises `ForcedDecodeUnavailable`; the runner then counts
 the positions after a prompt's first divergence as unadjudicated.
 
+`prompt=text` gates servers that take only text prompts (llama-cpp-python's server): the
+dialect in `gate.engines.openai_text` sends the pinned text after checking the server's
+tokenisation of it, and maps returned strings to ids only where that is unambiguous.
+
 Only the standard library speaks HTTP: one keep-alive connection per worker thread, a
 bounded number of retries with exponential backoff and jitter on 429, 5xx, timeouts and
 dropped connections, and `Retry-After` honoured. The API key is read from the environment
@@ -23,21 +27,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from typing import Any, NoReturn
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, NoReturn
 
 import orjson
 
 from gate import __version__
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
-from gate.engines.openai_http import HttpClient, ServerError, Transport, error_text, parse_base_url, quote
+from gate.engines.openai_http import ServerError, error_text, quote
+from gate.engines.openai_text import TextCompletionsDialect, local_decoder, stop_ids
+from gate.engines.server import BoundedPool, check_http_options, connect
 from gate.errors import EngineError, InputError
 
 FORCED_MODES = ("none", "prefill")
+TEXT_FORCED_MODES = ("decode", "none")
+PROMPT_MODES = ("ids", "text")
 # vLLM's server refuses `logprobs` above its `--max-logprobs` (20 unless raised).
 DEFAULT_MAX_LOGPROBS = 20
 # Request keys the engine's correctness rests on; extra_body may not touch them.
@@ -57,6 +63,9 @@ SCHEMA: dict[str, tuple[type, Any]] = {
     "forced": (str, "prefill"),
     "max_logprobs": (int, DEFAULT_MAX_LOGPROBS),
     "extra_body": (str, None),
+    "prompt": (str, "ids"),
+    "tokenize_path": (str, "/extras/tokenize"),
+    "stop_token_ids": (str, None),
 }
 
 
@@ -71,30 +80,41 @@ class OpenAIEngine:
       concurrency   requests in flight at once (default 4)
       retries       further attempts after a 429, 5xx, timeout or dropped connection (default 3)
       backoff       first backoff in seconds; doubles per attempt, with jitter (default 0.5)
-      forced        "prefill" (prompt logprobs as forced data, default) or "none"
+      forced        "prefill" (prompt logprobs as forced data, default) or "none";
+                    with prompt=text: "decode" (one request per position, default) or "none"
       max_logprobs  the server's cap on `logprobs` (vLLM: --max-logprobs, default 20)
       extra_body    a JSON object merged into every request body (a null value removes a key)
+      prompt        "ids" (token ids, vLLM; default) or "text" (servers that take only text)
+      tokenize_path with prompt=text: the server's tokenize endpoint under its root
+                    (default /extras/tokenize, llama-cpp-python's; detokenize beside it)
+      stop_token_ids with prompt=text: the ids a stop may have been on, comma-separated
+                    (default: the model's eos_token_id where gate has its folder)
     """
 
     name = "openai"
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"concurrency": "concurrency"}
 
     def __init__(self, model: str, /, **options: Any) -> None:
         # Positional-only: `--engine-opt model=NAME` (the served name) arrives in `options`.
         opts = parse_options(self.name, options, SCHEMA)
         if not opts["base_url"]:
             raise InputError("engine 'openai' needs --engine-opt base_url=http://HOST:PORT")
-        self.endpoint = parse_base_url(opts["base_url"])
         self.model = model
         self.served_model: str = opts["model"] or model
-        if not (math.isfinite(opts["timeout"]) and opts["timeout"] > 0):
-            raise InputError(f"--engine-opt timeout={opts['timeout']}: expected a positive number of seconds")
-        if not (math.isfinite(opts["backoff"]) and opts["backoff"] >= 0):
-            raise InputError(f"--engine-opt backoff={opts['backoff']}: expected a number of seconds >= 0")
-        for key, low in (("concurrency", 1), ("retries", 0), ("max_logprobs", 1)):
-            if opts[key] < low:
-                raise InputError(f"--engine-opt {key}={opts[key]}: expected an integer >= {low}")
-        if opts["forced"] not in FORCED_MODES:
-            raise InputError(f"--engine-opt forced={opts['forced']}: expected one of {', '.join(FORCED_MODES)}")
+        check_http_options(self.name, opts)
+        if opts["max_logprobs"] < 1:
+            raise InputError(f"--engine-opt max_logprobs={opts['max_logprobs']}: expected an integer >= 1")
+        if opts["prompt"] not in PROMPT_MODES:
+            raise InputError(f"--engine-opt prompt={opts['prompt']}: expected one of {', '.join(PROMPT_MODES)}")
+        self.prompt_mode: str = opts["prompt"]
+        modes = FORCED_MODES if self.prompt_mode == "ids" else TEXT_FORCED_MODES
+        if "forced" not in options and self.prompt_mode == "text":
+            opts["forced"] = "decode"
+        if opts["forced"] not in modes:
+            raise InputError(
+                f"--engine-opt forced={opts['forced']}: expected one of {', '.join(modes)} "
+                f"with prompt={self.prompt_mode}"
+            )
         self.timeout: float = opts["timeout"]
         self.concurrency: int = opts["concurrency"]
         self.retries: int = opts["retries"]
@@ -103,26 +123,25 @@ class OpenAIEngine:
         self.max_logprobs: int = opts["max_logprobs"]
         self.extra_body = _parse_extra_body(opts["extra_body"])
         self.api_key_env: str | None = opts["api_key_env"] or None
-        secret = ""
-        headers = {"Accept": "application/json", "User-Agent": f"gate/{__version__}"}
-        if self.api_key_env:
-            key = os.environ.get(self.api_key_env, "")
-            if not key:
-                raise InputError(
-                    f"--engine-opt api_key_env={self.api_key_env}: the environment variable is not set or empty"
-                )
-            secret = key
-            headers["Authorization"] = f"Bearer {key}"
-        self._http = HttpClient(
-            self.endpoint,
-            Transport(self.endpoint, self.timeout, headers),
-            timeout=self.timeout,
-            backoff=self.backoff,
-            secret=secret,
-            hints=_hints(self.api_key_env, self.served_model),
+        self.endpoint, self._http = connect(
+            self.name, opts["base_url"], opts, _hints(self.api_key_env, self.served_model)
         )
         self._server_models: list[str] | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = BoundedPool(self.concurrency, "gate-openai")
+        self.text: TextCompletionsDialect | None = None
+        if self.prompt_mode == "text":
+            self.text = TextCompletionsDialect(
+                self._http,
+                served_model=self.served_model,
+                retries=self.retries,
+                max_logprobs=self.max_logprobs,
+                forced_mode=self.forced_mode,
+                # llama-cpp-python's name for the repetition penalty, which its greedy path applies first.
+                sampling={**self._sampling_extras(), "repeat_penalty": 1.0},
+                tokenize_path="/" + opts["tokenize_path"].lstrip("/"),
+                stop_token_ids=stop_ids(model, opts["stop_token_ids"]),
+                local_decode=local_decoder(model),
+            )
 
     def __repr__(self) -> str:
         return f"OpenAIEngine(base_url={self.endpoint.display!r}, model={self.served_model!r})"
@@ -141,7 +160,10 @@ class OpenAIEngine:
             "forced": self.forced_mode,
             "max_logprobs": self.max_logprobs,
             "sampling": {"temperature": 0, **self._sampling_extras()},
+            "concurrency": self.concurrency,
         }
+        if self.text is not None:
+            out.update(dialect=self.text.name, **self.text.describe())
         if self._server_models:
             out["server_models"] = self._server_models
         if self.api_key_env:
@@ -149,9 +171,14 @@ class OpenAIEngine:
         return out
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
-        return self._map(lambda p: self._generate_one(p, top_k), prompts)
+        text = self.text
+        if text is not None:
+            return self._pool.map(lambda p: text.generate(p, top_k), prompts)
+        return self._pool.map(lambda p: self._generate_one(p, top_k), prompts)
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
+        if self.text is not None:
+            return self.text.force(prompt_token_ids, token_ids, top_k)
         if self.forced_mode == "none":
             raise ForcedDecodeUnavailable(
                 f"{self.endpoint.display}: forced decode is off (--engine-opt forced=none); "
@@ -165,12 +192,10 @@ class OpenAIEngine:
         return None  # the pinned token ids are sent as they are
 
     def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
-        return None
+        return self.text.decode_tokens(ids) if self.text is not None else None
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self._pool.close()
         self._http.close()
 
     # ----------------------------------------------------------------- requests
@@ -391,22 +416,6 @@ class OpenAIEngine:
         return self._http.scrub(text)
 
     # ----------------------------------------------------------------- requests
-
-    def _map(self, fn: Callable[[PromptInput], PromptRecord], prompts: Sequence[PromptInput]) -> list[PromptRecord]:
-        if self.concurrency == 1 or len(prompts) <= 1:
-            return [fn(p) for p in prompts]
-        if self._pool is None:
-            # One pool for the engine's life, so each worker keeps its keep-alive connection.
-            self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="gate-openai")
-        futures: list[Future[PromptRecord]] = [self._pool.submit(fn, p) for p in prompts]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for fut in futures:
-            exc = fut.exception() if fut in done else None
-            if exc is not None:
-                for other in futures:
-                    other.cancel()
-                raise exc
-        return [fut.result() for fut in futures]
 
     def _post(self, path: str, body: bytes) -> Any:
         return self._http.call("POST", path, body, self.retries)

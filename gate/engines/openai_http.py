@@ -1,7 +1,9 @@
 """The HTTP side of the OpenAI-compatible engine: one keep-alive connection per thread,
 and requests with retries, backoff and error messages that never show the API key.
 
-The protocol mapping (completions, logprobs, the forced decode) is `gate.engines.openai`.
+The protocol mapping (completions, logprobs, the forced decode) is the engines' own:
+`gate.engines.openai` (vLLM's token ids), `gate.engines.openai_text` (servers that take text),
+`gate.engines.llama_server` (llama.cpp's native API).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import http.client
 import json
 import math
 import random
+import re
 import socket
 import ssl
 import threading
@@ -32,14 +35,23 @@ MAX_BACKOFF_S = 30.0
 NO_RETRY_5XX = frozenset({501, 505})
 # Bodies quoted in error messages are cut to this many characters.
 QUOTE_CHARS = 300
+# A 5xx whose error text says the input is invalid is the request's fault, not the server's
+# trouble: llama-cpp-python's server answers a body its schema refuses with HTTP 500 and the
+# validation message ("Input should be a valid string"). Retrying cannot change that answer.
+_INVALID_INPUT = re.compile(
+    r"\b(?:invalid|not valid|should be a valid|validation errors?|unprocessable)\b", re.IGNORECASE
+)
 
 
 class ServerError(EngineError):
-    """The server answered with an HTTP error status (kept in `status`)."""
+    """The server answered with an HTTP error status (kept in `status`); `invalid` is true
+    when it refused the request itself (a 4xx, or a 5xx whose body says the input is invalid),
+    which is never retried."""
 
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, *, invalid: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.invalid = invalid
 
 
 class _Retryable(Exception):
@@ -66,6 +78,16 @@ class Endpoint:
         port = "" if self.port == default else f":{self.port}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}{port}{self.prefix}"
+
+    @property
+    def root(self) -> str:
+        """The path prefix without the trailing /v1: where a server's native, non-OpenAI
+        endpoints live (llama-server's /completion, llama-cpp-python's /extras/tokenize)."""
+        return self.prefix[: -len("/v1")] if self.prefix.endswith("/v1") else self.prefix
+
+    @property
+    def root_display(self) -> str:
+        return self.display[: len(self.display) - len(self.prefix)] + self.root
 
 
 def parse_base_url(raw: str) -> Endpoint:
@@ -122,15 +144,19 @@ class Transport:
         with self._lock:
             self._open.discard(conn)
 
-    def request(self, method: str, path: str, body: bytes | None) -> tuple[int, str, Mapping[str, str], bytes]:
-        """One round trip: (status, reason, headers, body). Raises OSError/HTTPException."""
+    def request(
+        self, method: str, path: str, body: bytes | None, *, root: bool = False
+    ) -> tuple[int, str, Mapping[str, str], bytes]:
+        """One round trip: (status, reason, headers, body). Raises OSError/HTTPException.
+        `root`: `path` is under the server's root, not under /v1."""
         headers = dict(self.headers)
         if body is not None:
             headers["Content-Type"] = "application/json"
         while True:
             conn, reused = self._connection()
             try:
-                conn.request(method, self.endpoint.prefix + path, body=body, headers=headers)
+                prefix = self.endpoint.root if root else self.endpoint.prefix
+                conn.request(method, prefix + path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
@@ -184,12 +210,14 @@ class HttpClient:
     def close(self) -> None:
         self._transport.close()
 
-    def call(self, method: str, path: str, body: bytes | None, retries: int) -> Any:
-        url = self.endpoint.display + path
+    def call(self, method: str, path: str, body: bytes | None, retries: int, *, root: bool = False) -> Any:
+        """The decoded JSON answer of one request, retried as the class doc says. `root`:
+        `path` is under the server's root (native endpoints), not under /v1."""
+        url = (self.endpoint.root_display if root else self.endpoint.display) + path
         attempts = retries + 1
         for attempt in range(attempts):
             try:
-                return self._attempt(method, path, body, url)
+                return self._attempt(method, path, body, url, root)
             except _Retryable as exc:
                 if attempt + 1 >= attempts:
                     tries = f"after {attempts} attempts" if attempts > 1 else "(retries=0)"
@@ -203,9 +231,9 @@ class HttpClient:
         step = min(MAX_BACKOFF_S, self.backoff * 2.0**attempt)
         return step / 2 + random.uniform(0.0, step / 2)
 
-    def _attempt(self, method: str, path: str, body: bytes | None, url: str) -> Any:
+    def _attempt(self, method: str, path: str, body: bytes | None, url: str, root: bool) -> Any:
         try:
-            status, reason, headers, data = self._transport.request(method, path, body)
+            status, reason, headers, data = self._transport.request(method, path, body, root=root)
         except TimeoutError:
             raise _Retryable(
                 f"no response within {self.timeout:g} s", "a slow server needs a larger --engine-opt timeout"
@@ -220,12 +248,17 @@ class HttpClient:
             raise EngineError(self.scrub(f"{url}: TLS failed: {exc}")) from None
         except OSError as exc:
             raise _Retryable("connection failed", str(exc.strerror or exc)) from None
+        detail = error_text(_loads_or_text(data)) if status >= 400 else ""
+        refused = status >= 400 and status not in (408, 429) and (status < 500 or bool(_INVALID_INPUT.search(detail)))
+        if refused:
+            # The server refused the request itself: say so, with what it said, and do not
+            # send it again (another attempt gets the same answer).
+            hint = self.hints.get(status, "")
+            head = f"{url}: HTTP {status} {reason}{hint}: the server refused the request"
+            raise ServerError(self.scrub(_joined(head, detail)), status, invalid=True)
         if status in (408, 429) or (500 <= status < 600 and status not in NO_RETRY_5XX):
-            raise _Retryable(
-                f"HTTP {status} {reason}", error_text(_loads_or_text(data)), _retry_after(headers.get("retry-after"))
-            )
+            raise _Retryable(f"HTTP {status} {reason}", detail, _retry_after(headers.get("retry-after")))
         if status >= 400:
-            detail = error_text(_loads_or_text(data))
             hint = self.hints.get(status, "")
             raise ServerError(self.scrub(_joined(f"{url}: HTTP {status} {reason}{hint}", detail)), status)
         if 300 <= status < 400:

@@ -22,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "openai": "gate.engines.openai:OpenAIEngine",
     "llamacpp": "gate.engines.llamacpp:LlamaCppEngine",
     "ortgenai": "gate.engines.ortgenai:OrtGenAIEngine",
+    "llama-server": "gate.engines.llama_server:LlamaServerEngine",
 }
 ENTRY_POINT_GROUP = "gate.engines"
 
