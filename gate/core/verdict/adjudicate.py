@@ -13,6 +13,7 @@ from typing import Any
 
 from gate.core.traces.trace import PromptRecord, TopList, Trace
 from gate.core.verdict.consistency import check_something_to_compare, header_warnings
+from gate.core.verdict.distribution import measure_distribution
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.verdict.evidence import RunDrift, candidate_margin, evidence_near, flip_top, run_drift
 from gate.core.verdict.grid import grid_step, logprob_slack
@@ -165,6 +166,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         candidate_engine=str(candidate.header.engine.get("name", "")),
         warnings=warnings,
         drift=drift,
+        distribution=measure_distribution(oracle, candidate, {p.id: p.outcomes for p in prompts}, doctrine.floor),
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.core.verdict.floor import Floor
 from gate.errors import InputError
 
 # One bf16 step at |logit| 16-32 is 2**-3 = 125 mnats: the coarsest grid step at the logit
@@ -106,6 +107,8 @@ class Doctrine:
     near_tie_ulps: float | None = None
     dtype: str | None = None
     evidence: Evidence | None = None
+    # The pin's honest floor for the distribution verdict (gate.core.verdict.distribution).
+    floor: Floor | None = None
     # Where this doctrine came from, for reports ("pin <path>", "command line", "default").
     source: str = field(default="", compare=False)
 
@@ -127,6 +130,8 @@ class Doctrine:
             out["evidence"] = self.evidence.to_dict()
         if self.near_tie_ulps is not None or self.evidence is not None:
             out["dtype"] = self.dtype or DEFAULT_DTYPE
+        if self.floor is not None:
+            out["floor"] = self.floor.to_dict()
         return out
 
 
@@ -134,7 +139,7 @@ class Doctrine:
 
 # The keys of a doctrine object as a pin carries it (oracle.json's `doctrine`, and the pin
 # trace header's `doctrine`, which travels with the pin trace wherever it is judged).
-PIN_DOCTRINE_KEYS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype")
+PIN_DOCTRINE_KEYS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype", "floor")
 
 
 def check_pin_doctrine(raw: Any, where: str) -> dict[str, Any]:
@@ -147,6 +152,8 @@ def check_pin_doctrine(raw: Any, where: str) -> dict[str, Any]:
             raise InputError(f"{where}: field 'doctrine.{key}': unknown (known: {', '.join(PIN_DOCTRINE_KEYS)})")
         if key == "evidence":
             Evidence.from_dict(v, f"{where}: field 'doctrine'")
+        elif key == "floor":
+            Floor.from_dict(v, f"{where}: field 'doctrine'")
         elif key == "dtype":
             if not isinstance(v, str) or not v:
                 raise InputError(f"{where}: field 'doctrine.dtype': must be a dtype name, found {v!r}")
@@ -171,6 +178,8 @@ def resolve_doctrine(
             near_tie_mnats=DEFAULT_NEAR_TIE_MNATS if near_tie_mnats is None else float(near_tie_mnats),
             strict=strict,
             near_tie_ulps=None if near_tie_ulps is None else float(near_tie_ulps),
+            # The thresholds are the person's; the floor is the pin's measured noise, and stays.
+            floor=pin_floor(own, source),
             source="command line",
         )
     if not own:
@@ -184,8 +193,15 @@ def resolve_doctrine(
         near_tie_ulps=None if ulps is None else float(ulps),
         dtype=dtype if isinstance(dtype, str) else None,
         evidence=Evidence.from_dict(ev, source or "doctrine") if ev is not None else None,
+        floor=pin_floor(own, source),
         source=source or "pin",
     )
+
+
+def pin_floor(own: Mapping[str, Any] | None, source: str = "") -> Floor | None:
+    """The honest floor a pin's doctrine carries (`floor`), or None."""
+    raw = own.get("floor") if own else None
+    return Floor.from_dict(raw, source or "doctrine") if raw is not None else None
 
 
 def header_doctrine(extra: Mapping[str, Any], where: str) -> dict[str, Any] | None:
