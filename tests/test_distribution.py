@@ -283,3 +283,78 @@ def test_a_floor_missing_a_key_is_refused() -> None:
     del raw["measured_by"]
     with pytest.raises(InputError, match="missing measured_by"):
         Floor.from_dict(raw, "oracle.json")
+
+
+# --------------------------------------------------------------------------- gate pin record measures a floor
+
+
+def _rerun(name: str, positions: int, mean: float, p99: float, same: float) -> Any:
+    from gate.workflows.floor import HonestRerun
+
+    misses = round(positions * (1 - same))
+    pts = [Point("p", i, "match", mean, i >= misses, 0.0, 4) for i in range(positions)]
+    base = Figures.of(pts)
+    from dataclasses import replace
+
+    return HonestRerun(name, replace(base, kl_p99_mnats=p99))
+
+
+def test_the_floor_is_the_worst_honest_rerun_and_says_how_it_was_measured() -> None:
+    from gate.workflows.floor import DEFAULT_MARGIN, floor_from
+
+    fl = floor_from(
+        [_rerun("vllm one at a time", 200, 0.5, 4.0, 0.99), _rerun("hf on cpu", 200, 1.5, 3.0, 0.995)], where="cpu:X"
+    )
+    assert fl is not None
+    assert (fl.kl_mean_mnats, fl.kl_p99_mnats, fl.same_top_rate) == (1.5, 4.0, 0.99)
+    assert fl.margin == DEFAULT_MARGIN
+    assert fl.measured_by.startswith("gate pin record on cpu:X")
+    assert "vllm one at a time: 200 positions" in fl.measured_by and "hf on cpu" in fl.measured_by
+
+
+def test_no_floor_from_too_few_positions_or_bit_identical_reruns() -> None:
+    from gate.workflows.floor import floor_from
+
+    assert floor_from([_rerun("short", MIN_POSITIONS - 1, 1.0, 2.0, 0.9)], where="x") is None
+    assert floor_from([_rerun("identical", 500, 0.0, 0.0, 1.0)], where="x") is None
+    # No miss in 500 positions: the floor's same-top rate is 1 - 1/500, not 1 (a limit of no miss at all).
+    fl = floor_from([_rerun("no miss", 500, 1.0, 2.0, 1.0)], where="x")
+    assert fl is not None and fl.same_top_rate == pytest.approx(1 - 1 / 500)
+
+
+def test_pin_record_measures_a_floor_from_a_rerun_that_differs(tmp_path: Any, monkeypatch: Any) -> None:
+    import json
+
+    from gate_cli import TOY_MODEL, invoke, register_fake, toy_pin_folder
+
+    from gate.core.pins.pin import doctrine_for, load_pin
+
+    register_fake(monkeypatch)
+    # From its second generation of a prompt on, the toy engine moves one logprob: its
+    # one-prompt-at-a-time re-run is not the batch bit for bit, as a real engine's is not.
+    folder = toy_pin_folder(tmp_path, n=8, max_tokens=16, engine_options={"nondeterministic": "logprob"})
+    r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "honest floor: mean KL" in r.stderr
+    saved = json.loads((folder / "oracle.json").read_text())["doctrine"]["floor"]
+    assert "fake one prompt at a time vs batched: 128 positions" in saved["measured_by"]
+    pin = load_pin(TOY_MODEL, tmp_path)
+    assert pin.trace.header.extra["doctrine"]["floor"] == saved
+    assert doctrine_for(pin).floor == Floor.from_dict(saved)
+    # Re-recording keeps the floor oracle.json carries.
+    r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(tmp_path), "--force"])
+    assert r.exit_code == 0, r.output
+    assert "kept the one oracle.json's doctrine carries" in r.stderr
+
+
+def test_pin_record_without_a_measurable_floor_says_so(tmp_path: Any, monkeypatch: Any) -> None:
+    from gate_cli import TOY_MODEL, invoke, register_fake, toy_pin_folder
+
+    register_fake(monkeypatch)
+    toy_pin_folder(tmp_path)
+    r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "honest floor: none measured" in r.stderr
+    r = invoke(["pin", "record", "--model", TOY_MODEL, "--pins-dir", str(tmp_path), "--force", "--no-floor"])
+    assert r.exit_code == 0, r.output
+    assert "honest floor: not measured (--no-floor)" in r.stderr
