@@ -75,7 +75,7 @@ def _logsumexp(values: Sequence[float]) -> float:
 def top_token(top: Sequence[Sequence[Any]]) -> int | None:
     """The list's maximum, the lowest id among equal maxima (`torch.argmax`'s choice)."""
     best: tuple[float, int] | None = None
-    for t, lp in top:
+    for t, lp in top:  # pairs, or the rows of an array
         key = (-float(lp), int(t))
         if best is None or key < best:
             best = key
@@ -92,7 +92,7 @@ def points(oracle: Trace, candidate: Trace, outcomes: Mapping[str, str]) -> list
             continue
         marks = outcomes.get(o.id, "")
         for i, ctop in aligned_tops(o, c, candidate.path):
-            if not ctop:
+            if len(ctop) == 0:  # (a list or an array: never its truth value)
                 continue
             otop = o.top_logprobs[i]
             kl, support = kl_common_mnats(otop, ctop)
