@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from study_distribution import Row, print_distribution_table  # noqa: E402  (beside this script)
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_OUT = REPO / ".work" / "study"
 # The lock each variant runs under: $GATE_STUDY_LOCK (a lock file other heavy jobs on the
@@ -48,6 +51,7 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 HONEST = "honest"
 MUTANT = "mutant"
+REALISTIC = "realistic"  # a build that is not the reference model within honest noise: must not pass
 REFERENCE = "reference"  # not judged: evidence for the table (the float32 opinion)
 
 
@@ -69,12 +73,19 @@ class Variant:
     expect: str = ""  # mutants: what the self-test requires (gate.core.calibration.selftest EXPECT_*)
 
 
+NOT_A_PASS = "not_a_pass"  # realistic candidates: exit 1, by whichever rule
+
+
 def _hf(name: str, what: str, **kw: Any) -> Variant:
     return Variant(name, HONEST, what, **kw)
 
 
 def _mutant(name: str, what: str, expect: str) -> Variant:
     return Variant(f"mut-{name}", MUTANT, what, engine=f"mutant:{name}", expect=expect)
+
+
+def _real(name: str, what: str, engine: str = "") -> Variant:
+    return Variant(f"real-{name}", REALISTIC, what, engine=engine or f"mutant:{name}", expect=NOT_A_PASS)
 
 
 # In the order they run: what decides the rule first (the ISA paths, the oracle's engine,
@@ -104,6 +115,16 @@ VARIANTS: tuple[Variant, ...] = (
         pins="pins-avx2",
         env={"ATEN_CPU_CAPABILITY": "default"},
     ),
+    # Realistic candidates (gate.engines.mutants.realistic_mutations, and the llama.cpp build).
+    _real("weights-int8", "decoder Linear weights int8 per output channel"),
+    _real("weights-int4", "decoder Linear weights int4 per output channel, groups of 32 inputs"),
+    _real("kv-fp8", "KV cache through fp8 e4m3 (keys and values, every step)"),
+    _real("kv-int8", "KV cache through int8, one scale per token and head"),
+    _real("decode-position+1", "decode positions off by one, prefill right"),
+    _real("runner-up+3-late", "runner-up +3 bf16 steps at generated positions >= 16 only"),
+    _real("runner-up+3-some-prompts", "runner-up +3 bf16 steps on every third prompt (by hash) only"),
+    _real("penalised-sampler", "repetition penalty 1.02 in the choice, raw logprobs reported"),
+    _real("llamacpp-q4_1", "llama.cpp, the Q4_1 GGUF the pin's weights were dequantised from", engine="llamacpp"),
     Variant(
         "fp32-opinion",
         REFERENCE,
@@ -119,11 +140,12 @@ BY_NAME = {v.name: v for v in VARIANTS}
 
 def run_all(out: Path, only: Sequence[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    todo = [v for v in VARIANTS if not only or v.name in only]
     unknown = [n for n in only if n not in BY_NAME]
     if unknown:
         print(f"unknown variant(s): {', '.join(unknown)} (known: {', '.join(BY_NAME)})", file=sys.stderr)
         return 2
+    # In the order named (the lock is shared: what decides the rule first), else the table's.
+    todo = [BY_NAME[n] for n in dict.fromkeys(only)] if only else list(VARIANTS)
     failed = 0
     for v in todo:
         if (out / f"{v.name}.jsonl").exists():
@@ -201,10 +223,11 @@ def run_one(name: str, out: Path) -> int:
     if v.engine == "fp32":
         return _fp32_opinion(v, pin, out, meta, t0)
     if v.engine.startswith("mutant:"):
-        from gate.engines.mutants import mutations
+        from gate.engines.mutants import mutations, realistic_mutations
 
         wanted = v.engine.split(":", 1)[1]
-        ms = [m for m in mutations(MODEL, {}) if m.name == wanted or m.name.startswith(wanted)]
+        known = [*mutations(MODEL, {}), *realistic_mutations(MODEL, {})]
+        ms = [m for m in known if m.name == wanted or m.name.startswith(wanted)]
         engine = ms[0].load()
         meta["mutation"] = ms[0].name
     else:
@@ -267,7 +290,7 @@ def doctrines() -> list[tuple[str, Any]]:
     """The doctrines compared: fixed mnats, grid steps (beside the default 125 mnats, as the
     pin's `near_tie_ulps` is applied), and the evidence rule (the default pin's)."""
     from gate.core.pins.pin import load_pin
-    from gate.core.verdict.doctrine import Doctrine, Evidence
+    from gate.core.verdict.doctrine import Doctrine, Evidence, resolve_doctrine
 
     out: list[tuple[str, Any]] = [(f"{m} mnats", Doctrine(near_tie_mnats=float(m))) for m in (125, 250, 375, 500)]
     out += [(f"{u} steps", Doctrine(near_tie_ulps=float(u))) for u in (2, 3, 4, 5)]
@@ -281,6 +304,8 @@ def doctrines() -> list[tuple[str, Any]]:
                 Doctrine(near_tie_ulps=own.get("near_tie_ulps"), evidence=e),
             )
         )
+    if own.get("floor") is not None:
+        out.append(("pin: evidence + floor", resolve_doctrine(own, source="pin")))
     for o, c, d, floor in ((4, 2, 2, 16), (4, 2, 2, 0), (5, 3, 2, 16), (3, 1, 1, 16)):
         e = Evidence(oracle_ulps=o, candidate_ulps=c, drift_ulps=d, floor_logit=floor)
         name = f"evidence {o}/{c}/{d}" + ("" if floor == 16 else " no floor")
@@ -296,6 +321,10 @@ def judged(v: Variant, result: Any) -> tuple[bool, str]:
     defects = c["defects"]
     if v.kind == HONEST:
         return (result.verdict != "fail", "pass" if result.verdict != "fail" else f"FAIL {defects}d")
+    if v.expect == NOT_A_PASS:
+        dist = result.distribution is not None and result.distribution.beyond
+        why = f"{defects}d" + (" dist." if dist else "")
+        return (result.exit_code != 0, f"caught {why}" if result.exit_code != 0 else "MISSED")
     if v.expect == "defect":
         return (defects > 0, f"caught {defects}d" if defects else "MISSED")
     if v.expect == "no_defect":
@@ -350,7 +379,7 @@ def fp32_sides(result: Any, fp32: Any) -> str:
 
 
 def print_table(out: Path) -> int:
-    from gate.core.pins.pin import load_pin
+    from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.traces.machine import machine_key, machine_of
     from gate.core.traces.trace import read_trace
     from gate.core.verdict.adjudicate import compare
@@ -362,8 +391,10 @@ def print_table(out: Path) -> int:
     probe = Doctrine(near_tie_ulps=2.0, evidence=measuring)
     pins: dict[str | None, Any] = {}
     rows: list[list[str]] = []
-    ok_counts = {name: [0, 0] for name, _ in docs}  # name -> [honest failing, mutants as expected]
-    n_honest = n_mutant = 0
+    ok_counts = {name: [0, 0, 0] for name, _ in docs}  # name -> [honest failing, mutants as expected, realistic]
+    n_honest = n_mutant = n_real = 0
+    whole = doctrine_for(load_pin(MODEL))  # the committed pin's whole doctrine, for every variant
+    dist_rows: list[Row] = []
     machines: set[str] = set()
     fp32_path = out / "fp32-opinion.jsonl"
     fp32 = read_trace(fp32_path, role="candidate") if fp32_path.exists() else None
@@ -400,6 +431,7 @@ def print_table(out: Path) -> int:
         ]
         n_honest += v.kind == HONEST
         n_mutant += v.kind == MUTANT
+        n_real += v.kind == REALISTIC
         for name, d in docs:
             good, cell = judged(v, compare(oracle, cand, d))
             row.append(cell)
@@ -407,7 +439,10 @@ def print_table(out: Path) -> int:
                 ok_counts[name][0] += 1
             if v.kind == MUTANT and good:
                 ok_counts[name][1] += 1
+            if v.kind == REALISTIC and good:
+                ok_counts[name][2] += 1
         rows.append(row)
+        dist_rows.append(Row(v.name, v.kind, compare(oracle, cand, whole)))
     head = ["variant", "kind", "machine key", "flips", "max gap steps", "max u_o", "max u_c", "max u_o+u_c"]
     head += ["drift med", "drift p90"]
     head += ["fp32 sides w/ cand."]
@@ -415,6 +450,7 @@ def print_table(out: Path) -> int:
     blank = [""] * 11
     rows.append(["honest variants failing", *blank[1:]] + [f"{ok_counts[n][0]}/{n_honest}" for n, _ in docs])
     rows.append(["mutants caught as expected", *blank[1:]] + [f"{ok_counts[n][1]}/{n_mutant}" for n, _ in docs])
+    rows.append(["realistic not passing", *blank[1:]] + [f"{ok_counts[n][2]}/{n_real}" for n, _ in docs])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
 
     def line(cells: Sequence[str]) -> str:
@@ -432,7 +468,11 @@ def print_table(out: Path) -> int:
     print("variants; for mutants what the self-test expects (caught Nd defects, Nt higher-id exact ties, ratified).")
     print("fp32 sides w/ cand.: of the run's flips, how many the same weights in float32 over the oracle's context")
     print("put the candidate's token ahead of (or level with) the oracle's (- : another pin's context, or not run).")
+    print("Realistic candidates (real-*): caught Nd = not a pass (exit 1) with N defects, `dist.` where the")
+    print("distribution verdict is beyond the floor; MISSED = exit 0.")
     print(f"machine: {'; '.join(sorted(machines))}")
+    print()
+    print_distribution_table(dist_rows, honest=HONEST, realistic=(REALISTIC,), say=print)
     return 0
 
 

@@ -162,7 +162,9 @@ def test_default_pin_is_committed_with_exact_ties() -> None:
     # Raw logits ride along (record_logits), so the pin's ULP doctrine can apply.
     assert all(len(r.extra["token_logits"]) == len(r.token_ids) for r in pin.trace.records)
     evidence = {"oracle_ulps": 4, "candidate_ulps": 2, "drift_ulps": 2, "floor_logit": 16}
-    assert pin.settings.doctrine == {"near_tie_ulps": 2, "evidence": evidence}
+    floor = pin.settings.doctrine["floor"]  # the distribution verdict's honest floor (docs/doctrine.md)
+    assert floor["margin"] > 1 and floor["kl_mean_mnats"] > 0 and "doctrine study" in floor["measured_by"]
+    assert pin.settings.doctrine == {"near_tie_ulps": 2, "evidence": evidence, "floor": floor}
     # ... and the pin trace carries it, with the hardware that recorded it.
     assert pin.trace.header.extra["doctrine"] == pin.settings.doctrine
     assert machine_key(machine_of(pin.trace.header.engine, pin.trace.header.extra)) == "cpu:AVX512"

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from gate.core.traces.moe import ROUTING_FIELDS
+from gate.core.traces.trace import FORCED_TOP_KEY
 from gate.core.verdict.doctrine import DOCTRINE_FIELDS, Evidence
-from gate.core.verdict.evidence import FORCED_TOP_KEY
 from gate.engines.registry import BUILTIN
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,23 +37,25 @@ def invariance_command(
     pins_dir: Path | None,
     force: bool,
 ) -> int:
-    from gate.cli.common import ProgressBar, default_model, parse_engine_opts, progress_bar
+    from gate.cli.common import ProgressBar, default_model, doctrine_overrides, parse_engine_opts, progress_bar
     from gate.cli.output import emit, refuse_overwrite
     from gate.core.pins.pin import doctrine_for, load_pin
-    from gate.core.verdict.doctrine import Doctrine
+    from gate.core.verdict.doctrine import apply_overrides
     from gate.engines.registry import load_engine, resolve
     from gate.reports import check_format
     from gate.workflows.invariance import InvariancePlan, parse_cells, run_invariance
 
     fmt = check_format("InvarianceResult", fmt)
     opts = parse_engine_opts(engine_opts)
-    Doctrine(near_tie_mnats=0.0 if near_tie_mnats is None else near_tie_mnats, near_tie_ulps=near_tie_ulps)
+    flags = doctrine_overrides(near_tie_mnats, near_tie_ulps)
+    # A bad threshold fails before any work.
+    apply_overrides({}, flags)
     plan = InvariancePlan(
         cells=parse_cells(schedules), batch=batch, seed=seed, threads=threads, chunk=chunk, strict=strict
     )
     refuse_overwrite(force, (output, "--output"))
     pin = load_pin(model or default_model(), pins_dir)
-    doctrine = doctrine_for(pin, strict=strict, near_tie_mnats=near_tie_mnats, near_tie_ulps=near_tie_ulps)
+    doctrine = doctrine_for(pin, flags, strict=strict)
     name = engine or "hf"
     engine_class = resolve(name)
     target = str(model_path) if model_path is not None else pin.model

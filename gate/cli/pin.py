@@ -8,12 +8,20 @@ The recording itself is `gate.workflows.pin_record.record_oracle`; the folder's 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gate.cli import options
 from gate.text import plural
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gate.core.pins.oracle_settings import OracleSettings
+    from gate.core.pins.suite import Suite
+    from gate.core.traces.trace import Trace
+    from gate.workflows.floor import HonestRerun
 
 
 def record_pin(
@@ -26,6 +34,7 @@ def record_pin(
     model_path: Path | None,
     pins_dir: Path | None,
     force: bool,
+    measure_floor: bool = True,
 ) -> int:
     from gate.cli.common import parse_engine_opts
     from gate.cli.output import refuse_overwrite, say
@@ -38,6 +47,7 @@ def record_pin(
     from gate.engines.registry import load_engine
     from gate.errors import InputError, PinError
     from gate.workflows.engine_calls import open_engine
+    from gate.workflows.floor import oracle_rerun
     from gate.workflows.pin_record import record_oracle
 
     folder = folder_for_writing(model, pins_dir)
@@ -80,6 +90,14 @@ def record_pin(
             pin_path=str(folder.pin_path),
             model_source=source_model,
         )
+        measuring = measure_floor and settings.doctrine.get("floor") is None
+        reruns = [oracle_rerun(engine, trace, suite)] if measuring else []
+    if measuring:
+        trace, settings = _with_measured_floor(trace, settings, suite, reruns, source_model, say)
+    elif settings.doctrine.get("floor") is not None:
+        say("honest floor: kept the one oracle.json's doctrine carries (doctrine.floor)")
+    else:
+        say("honest floor: not measured (--no-floor); the pin is judged without the distribution verdict")
     if old is not None:
         say(*diff_pins(old, trace).lines())
         own = header_doctrine(old.header.extra, str(folder.pin_path)) or dict(settings.doctrine)
@@ -94,6 +112,47 @@ def record_pin(
         f"{plural(len(ties), 'position')} where the oracle's top two logprobs are exactly equal"
     )
     return 0
+
+
+def _with_measured_floor(
+    trace: Trace,
+    settings: OracleSettings,
+    suite: Suite,
+    reruns: list[HonestRerun],
+    model: str,
+    say: Callable[..., None],
+) -> tuple[Trace, OracleSettings]:
+    """The pin trace and settings with the floor the honest re-runs measure (the oracle one
+    prompt at a time, already run; the HF engine on the same device, where it loads)."""
+    from dataclasses import replace
+
+    from gate.core.traces.machine import machine_key, machine_of
+    from gate.engines.registry import load_engine
+    from gate.errors import GateError
+    from gate.workflows.floor import engine_rerun, floor_from, with_floor
+
+    device = str(trace.header.extra.get("device") or "cpu")
+    if settings.engine == "vllm":  # the HF engine: another implementation of vLLM's model
+        name = f"hf on {device} vs {settings.engine}"
+        say(f"measuring the honest floor: {name}")
+        try:
+            load = lambda: load_engine("hf", model, {"device": device, "dtype": settings.dtype})  # noqa: E731
+            reruns.append(engine_rerun(load, trace, suite, name=name))
+        except GateError as exc:
+            say(f"honest floor: the HF engine could not run this model here ({exc}); measured without it")
+    where = machine_key(machine_of(trace.header.engine, trace.header.extra))
+    floor = floor_from(reruns, where=where)
+    for r in reruns:
+        say(f"  {r.line()}")
+    if floor is None:
+        say("honest floor: none measured (too few positions, or the re-runs equal the pin bit for bit)")
+        return trace, settings
+    trace, own = with_floor(trace, settings.doctrine, floor)
+    say(
+        f"honest floor: mean KL {floor.kl_mean_mnats:.3f} mnats, p99 KL {floor.kl_p99_mnats:.3f} mnats, same top "
+        f"{100 * floor.same_top_rate:.2f}%, margin {floor.margin:g}: written to the pin's doctrine (doctrine.floor)"
+    )
+    return trace, replace(settings, doctrine=own)
 
 
 def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
@@ -153,6 +212,14 @@ def register(app: typer.Typer) -> None:
                 "--force", help="Re-record an existing pin: pin.jsonl is replaced, a backup kept, what moved shown."
             ),
         ] = False,
+        floor: Annotated[
+            bool,
+            typer.Option(
+                "--floor/--no-floor",
+                help="Measure an honest floor for the distribution verdict from honest re-runs (the oracle one "
+                "prompt at a time, the HF engine on the same device) when oracle.json's doctrine has none.",
+            ),
+        ] = True,
     ) -> None:
         """Run the vLLM oracle over the prompt suite and write the pin with its provenance."""
         raise typer.Exit(
@@ -165,6 +232,7 @@ def register(app: typer.Typer) -> None:
                 model_path=model_path,
                 pins_dir=pins_dir,
                 force=force,
+                measure_floor=floor,
             )
         )
 

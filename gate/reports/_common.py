@@ -213,6 +213,8 @@ def verdict_line(result: GateResult) -> str:
     """`verdict: ratified pass (exit 0)`, with the reason under --strict."""
     v = result.verdict
     note = " under --strict" if v == RATIFIED_PASS and result.doctrine.strict else ""
+    if result.distribution is not None and result.distribution.beyond:
+        note += ": numerics beyond honest drift, the distribution verdict"
     return f"verdict: {VERDICT_LABELS.get(v, v)} (exit {result.exit_code}{note})"
 
 

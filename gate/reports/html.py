@@ -65,6 +65,7 @@ from gate.reports._common import (
     verdict_line,
     why,
 )
+from gate.reports.distribution import distribution_html
 
 # Full cards for the first divergences; one table row for each of the rest.
 MAX_CARDS = 60
@@ -147,6 +148,7 @@ def _header(result: GateResult) -> str:
         + (f'<p class="note">{escape(drift_line(result) or "")}</p>' if result.drift is not None else "")
         + (f'<p class="note"><b>{escape(not_greedy_line(result) or "")}</b></p>' if result.not_greedy_total else "")
         + "".join(f'<p class="note">warning: {escape(w)}</p>' for w in result.warnings)
+        + distribution_html(result)
         + f'</header>\n<section class="cards">{card_html}</section>'
     )
 

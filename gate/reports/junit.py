@@ -28,6 +28,7 @@ from gate.reports._common import (
     verdict_line,
     why,
 )
+from gate.reports.distribution import distribution_lines, junit_distribution_case
 
 # Characters XML 1.0 cannot hold even escaped (most C0 controls, lone surrogates, U+FFFE/F).
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -80,6 +81,7 @@ def render_junit(result: GateResult) -> str:
         *((("drift", drift_line(result) or ""),) if result.drift is not None else ()),
         *((("not_greedy", not_greedy_line(result) or ""),) if result.not_greedy_total else ()),
         *(("warning", w) for w in result.warnings),
+        *(("distribution", line) for line, _ in distribution_lines(result)[-1:]),
     ):
         ET.SubElement(props, "property", name=key, value=xml_text(value))
     classname = xml_text(f"gate.{result.model or 'model'}")
@@ -109,6 +111,7 @@ def render_junit(result: GateResult) -> str:
             else:
                 out = ET.SubElement(case, "system-out")
                 out.text = xml_text(f"ratified, not strict: {class_counts(divs)}; {counts}\n\n{details}")
+    junit_distribution_case(result, suites, suite, classname)
     out = ET.SubElement(suites, "system-out")
     out.text = xml_text(f"{result.summary}\n{verdict_line(result)}")
     ET.indent(suites)

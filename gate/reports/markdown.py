@@ -25,6 +25,7 @@ from gate.reports._common import (
     token_label,
     verdict_line,
 )
+from gate.reports.distribution import distribution_markdown
 from gate.reports.profile import profile_lines
 from gate.reports.routing import flip_line
 from gate.reports.routing import summary_line as routing_line
@@ -88,6 +89,7 @@ def render_markdown(result: GateResult) -> str:
         if ties:
             lines += ["", f"Exact ties: the logprobs are equal bit for bit; {TIE_BREAK_RULE}."]
         lines += ["", *(cell(line) + "  " for line in profile_lines(result))]
+    lines += distribution_markdown(result, cell)
     if result.routing is not None:
         lines += ["", "### MoE routing", "", f"**{cell(routing_line(result.routing))}**", ""]
         for d in result.divergences:

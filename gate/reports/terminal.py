@@ -37,6 +37,7 @@ from gate.reports._common import (
     verdict_line,
     why,
 )
+from gate.reports.distribution import DISTRIBUTION_STYLES, distribution_lines
 from gate.reports.profile import profile_lines
 from gate.reports.routing import flip_line
 from gate.reports.routing import summary_line as routing_line
@@ -115,6 +116,7 @@ def report_parts(
     parts.extend(Text(line) for line in profile_lines(result))
     if result.routing is not None:
         parts.append(Text(routing_line(result.routing), style="bold magenta"))
+    parts.extend(Text(line, style=DISTRIBUTION_STYLES[kind]) for line, kind in distribution_lines(result))
     parts.append(Text(result.summary, style="bold"))
     parts.append(Text(verdict_line(result), style=VERDICT_STYLES.get(result.verdict, "bold")))
     return parts

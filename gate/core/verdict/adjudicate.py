@@ -13,6 +13,7 @@ from typing import Any
 
 from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, TopList, Trace, TraceHeader
 from gate.core.verdict.consistency import check_something_to_compare, header_warnings
+from gate.core.verdict.distribution import measure_distribution
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.verdict.evidence import RunDrift, candidate_margin, evidence_verdict, run_drift
 from gate.core.verdict.grid import grid_step, logprob_slack
@@ -237,6 +238,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         drift=drift,
         not_greedy=own.not_greedy,
         not_greedy_total=own.not_greedy_total,
+        distribution=measure_distribution(oracle, candidate, {p.id: p.outcomes for p in prompts}, doctrine.floor),
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.core.verdict.floor import Floor
 from gate.errors import InputError
 
 # One bf16 step at |logit| 16-32 is 2**-3 = 125 mnats: the coarsest grid step at the logit
@@ -125,6 +126,8 @@ class Doctrine:
     near_tie_ulps: float | None = None
     dtype: str | None = None
     evidence: Evidence | None = None
+    # The pin's honest floor for the distribution verdict (gate.core.verdict.distribution).
+    floor: Floor | None = None
     # Where this doctrine came from, for reports ("pin <path>", "command line", "default").
     source: str = field(default="", compare=False)
 
@@ -146,6 +149,8 @@ class Doctrine:
             out["evidence"] = self.evidence.to_dict()
         if self.near_tie_ulps is not None or self.evidence is not None:
             out["dtype"] = self.dtype or DEFAULT_DTYPE
+        if self.floor is not None:
+            out["floor"] = self.floor.to_dict()
         return out
 
 
@@ -170,6 +175,11 @@ def _evidence(value: Any, what: str) -> Evidence:
     return Evidence.from_dict(value, where)
 
 
+def _floor(value: Any, what: str) -> Floor:
+    where = what.removesuffix(".floor'") + "'" if what.endswith(".floor'") else what
+    return Floor.from_dict(value, where)
+
+
 # A doctrine object's fields, as a pin carries it (oracle.json's `doctrine`, and the pin
 # trace header's `doctrine`, which travels with the pin trace wherever it is judged): each
 # key, the `Doctrine` attribute of the same name, and how its value is checked and read.
@@ -180,6 +190,7 @@ DOCTRINE_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "near_tie_ulps": _number,
     "evidence": _evidence,
     "dtype": _dtype_name,
+    "floor": _floor,
 }
 PIN_DOCTRINE_KEYS = tuple(DOCTRINE_FIELDS)
 

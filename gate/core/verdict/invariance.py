@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
-from gate.core.verdict.evidence import FORCED_TOP_KEY, RunDrift, aligned_tops
+from gate.core.verdict.evidence import RunDrift, aligned_tops
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, Divergence, GateResult
 from gate.errors import InputError
 

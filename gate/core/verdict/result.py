@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.core.traces.moe import RoutingFlip, RoutingSummary
+from gate.core.verdict.distribution import RunDistribution
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.evidence import RunDrift
 from gate.core.verdict.own_lists import NotGreedy
@@ -173,6 +174,8 @@ class GateResult:
     # NOT_GREEDY_KEPT), and how many there are in all.
     not_greedy: tuple[NotGreedy, ...] = ()
     not_greedy_total: int = 0
+    # The run's distribution against the oracle's, and against the pin's floor when it has one.
+    distribution: RunDistribution | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -191,6 +194,8 @@ class GateResult:
 
     @property
     def verdict(self) -> str:
+        if self.distribution is not None and self.distribution.beyond:
+            return FAIL  # numerics beyond honest drift: not the reference model, flips or not
         if all(p.strict for p in self.prompts):
             return STRICT_PASS
         if all(p.ratified for p in self.prompts):
@@ -232,6 +237,7 @@ class GateResult:
                 if self.not_greedy_total
                 else {}
             ),
+            **({"distribution": self.distribution.to_dict()} if self.distribution is not None else {}),
             # Where the pin was recorded and where the candidate ran (`gate run`).
             **({"machine": dict(self.run.machine)} if self.run is not None and self.run.machine else {}),
             **({"doctrine_source": self.doctrine.source} if self.doctrine.source else {}),

@@ -1,0 +1,150 @@
+"""The distribution block of a gate report: llama.cpp's `--kl-divergence` figures, by class,
+and the verdict against the pin's honest floor (`gate.core.verdict.distribution`).
+
+Every renderer calls one function here: `distribution_lines` (plain lines with a style
+name each, for the terminal, Markdown, HTML and JUnit reports). The JSON report carries
+`GateResult.distribution.to_dict()` as `distribution`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gate.core.verdict.distribution import BEYOND_WHY, MIN_POSITIONS, Figures, RunDistribution
+from gate.core.verdict.result import GateResult
+
+CLASS_WORDS = {"match": "match", "exact_tie": "exact tie", "near_tie": "near tie", "defect": "defect"}
+LOUD, QUIET, PLAIN = "loud", "quiet", "plain"
+
+
+def _n(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _pm(mean: float | None, se: float | None, digits: int = 3) -> str:
+    return _n(mean, digits) + (f" ± {se:.{digits}f}" if se is not None else "")
+
+
+def figure_lines(f: Figures) -> list[str]:
+    """The llama.cpp block of one set of positions."""
+    rate = None if f.same_top_rate is None else 100.0 * f.same_top_rate
+    se = None if f.same_top_se is None else 100.0 * f.same_top_se
+    return [
+        f"  Mean    KLD: {_pm(f.kl_mean_mnats, f.kl_se_mnats)} mnats",
+        f"  Maximum KLD: {_n(f.kl_max_mnats)} mnats",
+        f"  99.0%   KLD: {_n(f.kl_p99_mnats)} mnats",
+        f"  Median  KLD: {_n(f.kl_median_mnats)} mnats",
+        f"  Mean    Δp: {_pm(f.dp_mean_pct, f.dp_se_pct)} %",
+        f"  Maximum Δp: {_n(f.dp_max_pct)} %   Median Δp: {_n(f.dp_median_pct)} %   "
+        f"Minimum Δp: {_n(f.dp_min_pct)} %   RMS Δp: {_n(f.dp_rms_pct)} %",
+        f"  Same top p: {_pm(rate, se, 2)} %",
+    ]
+
+
+def class_line(d: RunDistribution) -> str:
+    parts = [
+        f"{CLASS_WORDS.get(name, name)} {f.positions} (KL mean {_n(f.kl_mean_mnats, 2)}, "
+        f"same top {_n(None if f.same_top_rate is None else 100 * f.same_top_rate, 1)}%)"
+        for name, f in d.by_class
+    ]
+    return "  by class: " + "; ".join(parts)
+
+
+def floor_line(d: RunDistribution) -> tuple[str, str]:
+    """What the distribution verdict decided, in words, and how loud to say it."""
+    fl = d.floor
+    if fl is None:
+        return (
+            "distribution verdict: none — the pin carries no honest floor (doctrine.floor), so this run is "
+            "judged without the distribution verdict",
+            PLAIN,
+        )
+    limits = (
+        f"mean KL ≤ {fl.kl_mean_limit:.3f} mnats, p99 KL ≤ {fl.kl_p99_limit:.3f} mnats, same top ≥ "
+        f"{100 * (1 - fl.same_top_miss_limit):.2f}% (the honest floor × margin {fl.margin:g}; {fl.measured_by})"
+    )
+    if not d.judged:
+        return (
+            f"distribution verdict: not judged — {d.overall.positions} positions with the candidate's top-k on the "
+            f"oracle's context, fewer than {MIN_POSITIONS} (limits: {limits})",
+            PLAIN,
+        )
+    if d.beyond:
+        return (
+            f"distribution verdict: BEYOND THE HONEST FLOOR — {BEYOND_WHY}: {'; '.join(d.beyond_figures)}. "
+            "Not a pass (exit 1), whatever the token flips say",
+            LOUD,
+        )
+    return (f"distribution verdict: within the honest floor ({limits})", QUIET)
+
+
+def distribution_lines(result: GateResult) -> list[tuple[str, str]]:
+    """The block as (line, style) pairs; style is "loud", "quiet" or "plain". Empty when the
+    result carries no distribution (a result built by hand)."""
+    d = result.distribution
+    if d is None:
+        return []
+    if d.overall.positions == 0:
+        return [
+            (
+                "distribution: not measured (the candidate reports no top-k at positions sharing the oracle's context)",
+                PLAIN,
+            ),
+            floor_line(d),
+        ]
+    head = (
+        f"distribution vs the oracle at {d.overall.positions} positions sharing its context (free-run prefix and "
+        "forced; KL(oracle ‖ candidate) over the common top-k, each side renormalised over it)"
+    )
+    lines = [(head, QUIET), *((x, QUIET) for x in figure_lines(d.overall)), (class_line(d), QUIET)]
+    if d.overall.no_common_support:
+        lines.append((f"  {d.overall.no_common_support} positions with no token in common (KL counted 0)", QUIET))
+    lines.append(floor_line(d))
+    return lines
+
+
+# Rich styles of the terminal report, by the kind `distribution_lines` names.
+DISTRIBUTION_STYLES = {LOUD: "bold red", QUIET: "dim", PLAIN: "bold yellow"}
+
+
+def distribution_markdown(result: GateResult, cell: Callable[[str], str]) -> list[str]:
+    """The block for the Markdown report (a fenced figure block, the verdict line in bold;
+    `cell` is the report's escaping of text from the inputs)."""
+    lines = distribution_lines(result)
+    if not lines:
+        return []
+    *figures, (verdict, _) = lines
+    out = ["", f"**{cell(verdict)}**", ""]
+    if figures:
+        out += ["```", *(line for line, _ in figures), "```", ""]
+    return out
+
+
+def distribution_html(result: GateResult) -> str:
+    """The block for the HTML report's header (escaped: the figures hold no trace text)."""
+    from html import escape
+
+    lines = distribution_lines(result)
+    if not lines:
+        return ""
+    *figures, (verdict, _) = lines
+    body = "\n".join(escape(line) for line, _ in figures)
+    return (f'<pre class="note">{body}</pre>' if body else "") + f'<p class="note"><b>{escape(verdict)}</b></p>'
+
+
+def junit_distribution_case(result: GateResult, suites: Any, suite: Any, classname: str) -> None:
+    """A failing testcase `distribution` when the run is beyond the honest floor, so that a CI
+    dashboard counting testcases never shows green for a failed gate."""
+    import xml.etree.ElementTree as ET
+
+    d = result.distribution
+    if d is None or not d.beyond:
+        return
+    verdict, _ = floor_line(d)
+    case = ET.SubElement(suite, "testcase", classname=classname, name="distribution", time="0")
+    failure = ET.SubElement(case, "failure", message=verdict, type="distribution")
+    failure.text = "\n".join(line for line, _ in distribution_lines(result))
+    for element in (suites, suite):
+        element.set("tests", str(int(element.get("tests", "0")) + 1))
+        element.set("failures", str(int(element.get("failures", "0")) + 1))
