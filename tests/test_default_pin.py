@@ -131,7 +131,7 @@ def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_
         assert old.header.extra[key] == new.header.extra[key], key
     old_key = machine_key(machine_of(old.header.engine, old.header.extra))
     new_key = machine_key(machine_of(new.header.engine, new.header.extra))
-    assert old_key == "cpu:AVX512" and new_key != "unknown"
+    assert old_key == "cpu:AVX512+bf16" and new_key != "unknown"
     assert f"recorded on {new_key}; the old pin on {old_key}" in r.stderr
     # The weights folder is said by gate's cache, as in the committed header (no machine's folders).
     assert new.header.engine["model_path"] == old.header.engine["model_path"] == f"$GATE_CACHE/models/{DEFAULT_FOLDER}"
@@ -167,7 +167,7 @@ def test_default_pin_is_committed_with_exact_ties() -> None:
     assert pin.settings.doctrine == {"near_tie_ulps": 2, "evidence": evidence, "floor": floor}
     # ... and the pin trace carries it, with the hardware that recorded it.
     assert pin.trace.header.extra["doctrine"] == pin.settings.doctrine
-    assert machine_key(machine_of(pin.trace.header.engine, pin.trace.header.extra)) == "cpu:AVX512"
+    assert machine_key(machine_of(pin.trace.header.engine, pin.trace.header.extra)) == "cpu:AVX512+bf16"
     # "import numpy as np": the oracle's exact tie at position 1 between "\n" (198) and
     # "import" (2017), taken toward the lower id.
     assert any(t.prompt_id == "code-numpy" and t.position == 1 and (t.chosen, t.other) == (198, 2017) for t in ties)

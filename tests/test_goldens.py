@@ -766,7 +766,7 @@ def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_
     assert head.extra["pin"]["sha256"] == file_sha256(REPO / "oracle_pins" / DEFAULT / "pin.jsonl")
     assert head.engine["name"] == "hf" and head.engine.get("tie_break") == "lowest"
     assert head.extra["engine_options"] == {}
-    assert machine_key(machine_of(head.engine, head.extra)) == "cpu:AVX512"
+    assert machine_key(machine_of(head.engine, head.extra)) == "cpu:AVX512+bf16"
 
     r = invoke(["goldens", "check", "--format", "json"])
     rep = report(r)

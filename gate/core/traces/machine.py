@@ -36,7 +36,8 @@ def machine_of(header_engine: Mapping[str, Any], header_extra: Mapping[str, Any]
 
 
 def machine_key(machine: Mapping[str, Any]) -> str:
-    """ "cpu:AVX512", "cuda:9.0", or "unknown" for a record without the fields."""
+    """ "cpu:AVX512", "cpu:AVX512+bf16" (native bf16 instructions), "cpu:AVX2/onednn:AVX2",
+    "cuda:9.0", or "unknown" for a record without the fields."""
     device = str(machine.get("device_type") or "")
     if not device:
         return UNKNOWN
@@ -48,7 +49,14 @@ def machine_key(machine: Mapping[str, Any]) -> str:
         # it is another kernel path.
         forced = machine.get("forced_isa")
         onednn = forced.get("ONEDNN_MAX_CPU_ISA") if isinstance(forced, Mapping) else None
-        return f"cpu:{isa}" + (f"/onednn:{onednn}" if onednn else "")
+        if onednn:
+            return f"cpu:{isa}/onednn:{onednn}"
+        # oneDNN's bf16 matmuls use the CPU's native bf16 instructions where it has them
+        # (AMX, else avx512_bf16), whatever torch's own ISA level: another rounding path.
+        flags = machine.get("cpu_flags")
+        flags = set(flags) if isinstance(flags, (list, tuple)) else set()
+        native = "+amx" if "amx_bf16" in flags else "+bf16" if "avx512_bf16" in flags else ""
+        return f"cpu:{isa}{native}"
     cap = machine.get("compute_capability")
     return f"{device}:{cap}" if cap else f"{device}:{machine.get('device_name') or UNKNOWN}"
 
