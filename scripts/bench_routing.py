@@ -51,7 +51,7 @@ def main() -> int:
     parser.add_argument("--threads", default="1")
     args = parser.parse_args()
 
-    from tiny_models import build_tiny_qwen3_moe
+    from helpers.tiny_models import build_tiny_qwen3_moe
 
     from gate.core.engine import PromptInput
     from gate.engines.hf import HFEngine

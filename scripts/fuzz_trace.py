@@ -39,7 +39,7 @@ from typing import Any
 
 # The generators and mutations are shared with the tests (one module, no drift).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from trace_fuzzing import encode, mutate, valid_trace
+from helpers.trace_fuzzing import encode, mutate, valid_trace
 
 # --------------------------------------------------------------------------- the check
 

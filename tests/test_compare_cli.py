@@ -12,8 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from gate_cli import invoke
-from trace_builders import (
+from helpers.gate_cli import invoke
+from helpers.trace_builders import (
     SEED_CANDIDATE,
     SEED_ORACLE,
     candidate_record,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gate_cli import invoke
+from helpers.gate_cli import invoke
 
 from gate.core.pins.diff import diff_pins, exact_top2_ties
 from gate.core.pins.pin import load_pin
@@ -48,7 +48,7 @@ def _json(r: Any) -> dict[str, Any]:
 def tiny_pin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(pins root, model folder): a pin of the tied-rows tiny Llama recorded by real vLLM."""
     pytest.importorskip("vllm")
-    from tiny_models import build_tiny_llama
+    from helpers.tiny_models import build_tiny_llama
 
     base = tmp_path_factory.mktemp("tiny")
     model = build_tiny_llama(base / "model", tie_rows=True)
@@ -70,7 +70,7 @@ def tiny_pin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @slow
 @needs_vllm
 def test_vllm_pin_of_a_tiny_model_gates_the_hf_engine(tiny_pin: tuple[Path, Path]) -> None:
-    from tiny_models import TIE_HIGH, TIE_LOW
+    from helpers.tiny_models import TIE_HIGH, TIE_LOW
 
     pins, model = tiny_pin
     pin = load_pin(TINY, pins)
@@ -101,7 +101,7 @@ def test_vllm_pin_of_a_tiny_model_gates_the_hf_engine(tiny_pin: tuple[Path, Path
 @slow
 @needs_vllm
 def test_tiny_pin_rejects_other_weights(tiny_pin: tuple[Path, Path], tmp_path: Path) -> None:
-    from tiny_models import build_tiny_llama
+    from helpers.tiny_models import build_tiny_llama
 
     pins, _ = tiny_pin
     other = build_tiny_llama(tmp_path / "other", tie_rows=True, seed=1)

@@ -18,7 +18,7 @@ CONTEXT = PROMPT + tuple(range(80, 96))  # + 16 "oracle" tokens: the position di
 
 @pytest.fixture(scope="module")
 def threads() -> Iterator[None]:
-    from tiny_pin import one_thread
+    from helpers.tiny_pin import one_thread
 
     with one_thread():
         yield
@@ -26,7 +26,7 @@ def threads() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def llama(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any]]:
-    from tiny_models import build_tiny_llama
+    from helpers.tiny_models import build_tiny_llama
 
     from gate.workflows.diagnose import reference_engines
 
@@ -37,7 +37,7 @@ def llama(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any
 
 @pytest.fixture(scope="module")
 def moe(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any]]:
-    from tiny_models import build_tiny_qwen3_moe
+    from helpers.tiny_models import build_tiny_qwen3_moe
 
     from gate.workflows.diagnose import reference_engines
 
@@ -78,7 +78,7 @@ def located(d: Any) -> tuple[int | None, str | None]:
 def test_a_bug_on_both_paths_is_located_at_its_layer_and_part(
     llama: tuple[Path, Any, Any], cls: str, opts: dict[str, str], where: tuple[int, str]
 ) -> None:
-    import planted_engines
+    from helpers import planted_engines
 
     engine = getattr(planted_engines, cls)(str(llama[0]), **opts)
     d = run(llama, engine)
@@ -91,7 +91,7 @@ def test_a_bug_on_both_paths_is_located_at_its_layer_and_part(
 
 @pytest.mark.parametrize("cls", ["DecodePositionBug", "QuantisedKVCacheBug"])
 def test_a_decode_only_bug_is_located_on_the_decode_path_only(llama: tuple[Path, Any, Any], cls: str) -> None:
-    import planted_engines
+    from helpers import planted_engines
 
     d = run(llama, getattr(planted_engines, cls)(str(llama[0])))
     assert located(d) == (0, "attention"), d.summary
@@ -129,7 +129,7 @@ def test_honest_engines_in_process_are_located_nowhere(llama: tuple[Path, Any, A
 
 
 def test_moe_expert_and_router_bugs_are_located(moe: tuple[Path, Any, Any]) -> None:
-    import planted_engines
+    from helpers import planted_engines
 
     from gate.engines.hf import HFEngine
 

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import orjson
 import pytest
-from gate_cli import invoke
+from helpers.gate_cli import invoke
 
 pytestmark = pytest.mark.slow
 
-BUG = ["--engine", "planted_engines:AttentionBug", "--engine-opt", "layer=1"]
+BUG = ["--engine", "helpers.planted_engines:AttentionBug", "--engine-opt", "layer=1"]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Path]]:
-    from tiny_pin import MODEL, build_tiny_pin, one_thread
+    from helpers.tiny_pin import MODEL, build_tiny_pin, one_thread
 
     with one_thread():
         weights, pins = build_tiny_pin(tmp_path_factory.mktemp("diagnose-pin"))

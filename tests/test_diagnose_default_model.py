@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def default() -> Iterator[tuple[str, Any, Any, Any]]:
-    from tiny_pin import one_thread
+    from helpers.tiny_pin import one_thread
 
     from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL, resolve_model_path
@@ -44,7 +44,7 @@ def run(default: tuple[str, Any, Any, Any], engine: Any) -> Any:
 
 
 def test_a_planted_attention_bug_in_layer_9_is_located_there(default: tuple[str, Any, Any, Any]) -> None:
-    from planted_engines import AttentionBug
+    from helpers.planted_engines import AttentionBug
 
     d = run(default, AttentionBug(default[0], layer="9"))
     assert d.finding.first is not None, d.summary

@@ -16,7 +16,7 @@ pytest.importorskip("llama_cpp")
 
 @pytest.fixture(scope="module")
 def setup() -> Iterator[tuple[Any, Any, Any, Any]]:
-    from tiny_pin import one_thread
+    from helpers.tiny_pin import one_thread
 
     from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL, resolve_model_path

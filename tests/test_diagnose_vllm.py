@@ -20,7 +20,7 @@ CONTEXT = PROMPT + tuple(range(80, 92))
 
 def faulty_copy(clean: Path, folder: Path) -> Path:
     import torch
-    from tiny_models import save_tokenizer
+    from helpers.tiny_models import save_tokenizer
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(clean, dtype=torch.bfloat16)
@@ -46,8 +46,8 @@ def diagnosed(weights: Path, reference: Path) -> Any:
 
 
 def test_vllm_is_captured_and_a_conversion_bug_located(tiny_models_dir: Path) -> None:
-    from tiny_models import build_tiny_llama
-    from tiny_pin import one_thread
+    from helpers.tiny_models import build_tiny_llama
+    from helpers.tiny_pin import one_thread
 
     with one_thread():
         clean = build_tiny_llama(tiny_models_dir / "diagnose-vllm", seed=5, lm_head_scale=20.0)

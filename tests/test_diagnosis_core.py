@@ -181,7 +181,7 @@ def test_reports_render_what_the_record_says() -> None:
 def test_gate_runs_hint_names_the_first_defect_and_its_path(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from trace_builders import mixed_result
+    from helpers.trace_builders import mixed_result
 
     from gate.cli.diagnose import diagnose_hint
     from gate.core.verdict.result import DEFECT

@@ -143,7 +143,10 @@ def test_only_positions_on_the_oracles_context_are_measured_without_forced_lists
 def test_forced_lists_measure_every_position_by_class() -> None:
     a = _lp({10: 0.5, 11: 0.5 - 1e-3})
     b = _lp({20: 0.9, 21: 0.1})
-    oracle, cand = _traces([[a, b, b]], [[_lp({11: 0.5, 10: 0.5 - 1e-3}), b, b]], cand_tokens=[[11, 1, 1]], forced=True)
+    cand_top = [[_lp({11: 0.5, 10: 0.5 - 1e-3}), b, b]]
+    oracle, cand = _traces([[a, b, b]], cand_top, cand_tokens=[[11, 20, 20]], forced=True)
+        [[a, b, b]], [[_lp({11: 0.5, 10: 0.5 - 1e-3}), b, b]], cand_tokens=[[11, 20, 20]], forced=True
+    )
     r = compare(oracle, cand, Doctrine(near_tie_mnats=125.0))
     d = r.distribution
     assert d is not None
@@ -256,7 +259,7 @@ def test_the_floor_travels_in_the_pins_doctrine() -> None:
     d = resolve_doctrine(own, source="pin")
     assert d.floor == FLOOR and d.to_dict()["floor"] == FLOOR.to_dict()
     # Command-line thresholds replace the token rule, not the pin's measured noise.
-    assert resolve_doctrine(own, near_tie_mnats=200.0).floor == FLOOR
+    assert resolve_doctrine(own, {"near_tie_mnats": 200.0}).floor == FLOOR
 
 
 @pytest.mark.parametrize(
@@ -325,7 +328,7 @@ def test_no_floor_from_too_few_positions_or_bit_identical_reruns() -> None:
 def test_pin_record_measures_a_floor_from_a_rerun_that_differs(tmp_path: Any, monkeypatch: Any) -> None:
     import json
 
-    from gate_cli import TOY_MODEL, invoke, register_fake, toy_pin_folder
+    from helpers.gate_cli import TOY_MODEL, invoke, register_fake, toy_pin_folder
 
     from gate.core.pins.pin import doctrine_for, load_pin
 
@@ -348,7 +351,7 @@ def test_pin_record_measures_a_floor_from_a_rerun_that_differs(tmp_path: Any, mo
 
 
 def test_pin_record_without_a_measurable_floor_says_so(tmp_path: Any, monkeypatch: Any) -> None:
-    from gate_cli import TOY_MODEL, invoke, register_fake, toy_pin_folder
+    from helpers.gate_cli import TOY_MODEL, invoke, register_fake, toy_pin_folder
 
     register_fake(monkeypatch)
     toy_pin_folder(tmp_path)

@@ -117,6 +117,15 @@ pin_doctrines = st.fixed_dictionaries(
         "near_tie_ulps": threshold,
         "evidence": evidence,
         "dtype": st.sampled_from(["bfloat16", "float16", "float32"]),
+        "floor": st.fixed_dictionaries(
+            {
+                "kl_mean_mnats": st.floats(min_value=0.01, max_value=100.0),
+                "kl_p99_mnats": st.floats(min_value=0.01, max_value=1000.0),
+                "same_top_rate": st.floats(min_value=0.5, max_value=0.999),
+                "margin": st.floats(min_value=1.01, max_value=10.0),
+                "measured_by": st.just("a study"),
+            }
+        ),
     },
 )
 overrides = st.fixed_dictionaries(
@@ -124,7 +133,7 @@ overrides = st.fixed_dictionaries(
     optional={"near_tie_mnats": threshold, "near_tie_ulps": threshold, "evidence": st.none()},
 )
 
-FIELDS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype")
+FIELDS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype", "floor")
 
 
 @FAST

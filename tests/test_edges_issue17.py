@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from gate_cli import invoke
-from pin_attacks import PIN, candidate, same, write
+from helpers.gate_cli import invoke
+from helpers.pin_attacks import PIN, candidate, same, write
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gate_cli import record_toy_pin, register_fake, run_fake
+from helpers.gate_cli import record_toy_pin, register_fake, run_fake
 
 from gate.workflows.guard import EngineTimeout, call_with_timeout
 
 
 @pytest.fixture(autouse=True)
 def _fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     register_fake(monkeypatch)
     monkeypatch.setenv("GATE_RUNS_DIR", str(tmp_path / "runs"))
@@ -55,7 +55,7 @@ def test_a_broken_engine_is_exit_3(pins: Path, fault: str) -> None:
 
 @pytest.mark.parametrize("where", ["hang", "hang_force"])
 def test_a_hang_past_timeout_is_exit_3(pins: Path, where: str) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     opts = ["--engine-opt", f"fault={where}", "--timeout", "0.5"]
     if where == "hang_force":

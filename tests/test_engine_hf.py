@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tiny_models import EOS_ID, TIE_HIGH, TIE_LOW  # noqa: E402
+from helpers.tiny_models import EOS_ID, TIE_HIGH, TIE_LOW  # noqa: E402
 
 from gate.core.engine import Engine, PromptInput  # noqa: E402
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, check_top_logprobs, read_trace, write_trace  # noqa: E402

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llama_servers import llama_server_binary
+from helpers.llama_servers import llama_server_binary
 
 from gate.core.engine import Engine, PromptInput
 from gate.engines.llama_server import LlamaServerEngine

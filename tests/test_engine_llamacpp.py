@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
 
-from gate_cli import invoke
-from tiny_gguf import BOS_ID, TIE_HIGH, TIE_LOW, build_tie_gguf
+from helpers.gate_cli import invoke
+from helpers.tiny_gguf import BOS_ID, TIE_HIGH, TIE_LOW, build_tie_gguf
 
 from gate.core.engine import PromptInput
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from fake_openai_server import FakeModel, FakeOpenAIServer, Reply
+from helpers.fake_openai_server import FakeModel, FakeOpenAIServer, Reply
 from typer.testing import CliRunner
 
 from gate.cli.main import app
@@ -384,7 +384,7 @@ def real_suite() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_models import build_tiny_llama
+    from helpers.tiny_models import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("openai-model") / "tiny-llama", seed=0)
 
@@ -392,7 +392,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pins(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`gate pin record` with the offline vLLM oracle; returns the pins folder."""
-    from gate_cli import invoke, write_jsonl
+    from helpers.gate_cli import invoke, write_jsonl
 
     root = tmp_path_factory.mktemp("openai-pins")
     suite = write_jsonl(root / "suite-src.jsonl", real_suite())
@@ -406,7 +406,7 @@ def tiny_pins(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture(scope="session")
 def vllm_openai(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from vllm_server import VLLMServerError, start_vllm_server
+    from helpers.vllm_server import VLLMServerError, start_vllm_server
 
     log = tmp_path_factory.mktemp("openai-server") / "vllm-server.log"
     try:
@@ -420,7 +420,7 @@ def vllm_openai(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def real_gate_run(pins: Path, url: str, *opts: str) -> tuple[int, dict[str, Any], str]:
-    from gate_cli import invoke
+    from helpers.gate_cli import invoke
 
     args = ["run", "--model", SERVED, "--pins-dir", str(pins), "--engine", "openai", "--format", "json"]
     for opt in (f"base_url={url}", *opts):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from llama_servers import have_llama_cpp_python_server, llama_cpp_python_server
+from helpers.llama_servers import have_llama_cpp_python_server, llama_cpp_python_server
 
 from gate.core.engine import ForcedDecodeUnavailable, PromptInput
 from gate.engines.openai import OpenAIEngine

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("onnxruntime_genai")
 
-from gate_cli import invoke
+from helpers.gate_cli import invoke
 
 from gate.core.engine import PromptInput
 from gate.core.traces.trace import Trace, TraceHeader
@@ -125,7 +125,7 @@ def test_the_runtime_breaks_exact_ties_toward_the_lowest_id(tie_onnx: object, ti
     """ONNX Runtime GenAI's CPU greedy search is `std::max_element`: the first maximum. On
     the tie model every position is an exact tie, so the lowest id must win everywhere, and
     the HF engine (torch.argmax) as oracle sees a strict pass."""
-    from tiny_models import TIE_HIGH, TIE_LOW
+    from helpers.tiny_models import TIE_HIGH, TIE_LOW
 
     from gate.engines.hf import HFEngine
 

@@ -335,7 +335,7 @@ def _pin_files(tmp: Any, doctrine: Any) -> tuple[str, str]:
 def test_gate_compare_applies_the_doctrine_the_pin_trace_carries(tmp_path: Any) -> None:
     import json
 
-    from gate_cli import invoke
+    from helpers.gate_cli import invoke
 
     o, c = _pin_files(tmp_path, {"near_tie_ulps": 2})
     r = invoke(["compare", o, c, "--format", "json"])
@@ -362,7 +362,7 @@ def test_gate_compare_applies_the_doctrine_the_pin_trace_carries(tmp_path: Any) 
 def test_gate_compare_weighs_the_evidence_when_the_pin_says_so(tmp_path: Any) -> None:
     import json
 
-    from gate_cli import invoke
+    from helpers.gate_cli import invoke
 
     ev = {"oracle_ulps": 3, "candidate_ulps": 0.25, "drift_ulps": 2}
     o, c = _pin_files(tmp_path, {"near_tie_ulps": 2, "evidence": ev})
@@ -384,7 +384,7 @@ def test_gate_compare_weighs_the_evidence_when_the_pin_says_so(tmp_path: Any) ->
     ],
 )
 def test_a_bad_doctrine_in_the_pin_header_is_an_input_error(tmp_path: Any, doctrine: Any, message: str) -> None:
-    from gate_cli import invoke
+    from helpers.gate_cli import invoke
 
     o, c = _pin_files(tmp_path, doctrine)
     r = invoke(["compare", o, c])

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gate_cli import invoke
-from pin_attacks import PIN, candidate, gap, oracle_dicts, own_step, raise_runner_up, resort, same, unit, write
+from helpers.gate_cli import invoke
+from helpers.pin_attacks import PIN, candidate, gap, oracle_dicts, own_step, raise_runner_up, resort, same, unit, write
 
 
 def _compare(tmp_path: Path, head: dict[str, Any], records: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:

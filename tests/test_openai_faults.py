@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_openai_server import FakeModel, FakeOpenAIServer, Reply, write_fake_pin
-from gate_cli import invoke
+from helpers.fake_openai_server import FakeModel, FakeOpenAIServer, Reply, write_fake_pin
+from helpers.gate_cli import invoke
+from helpers.vllm_server import free_port
 from typer.testing import Result
-from vllm_server import free_port
 
 from gate.core.engine import ForcedDecodeUnavailable, PromptInput
 from gate.engines.openai import OpenAIEngine

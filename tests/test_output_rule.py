@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
-from trace_builders import SEED_CANDIDATE, SEED_ORACLE
+from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from helpers.trace_builders import SEED_CANDIDATE, SEED_ORACLE
 
 SEED = [str(SEED_ORACLE), str(SEED_CANDIDATE)]
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake, toy_pin_folder, write_jsonl
+from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake, toy_pin_folder, write_jsonl
 
 from gate.core.pins.diff import diff_pins, exact_top2_ties
 from gate.core.pins.oracle_settings import OracleSettings, read_settings
@@ -211,7 +211,7 @@ def test_exact_top2_ties_are_bitwise() -> None:
 
 
 def test_record_writes_a_pin_with_provenance(tmp_path: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     folder = record_toy_pin(tmp_path)
     trace = read_trace(folder / "pin.jsonl", role="oracle")
@@ -246,7 +246,7 @@ def test_record_writes_a_pin_with_provenance(tmp_path: Path) -> None:
 
 
 def test_record_refuses_to_overwrite_before_loading_the_oracle(tmp_path: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     record_toy_pin(tmp_path)
     FakeEngine.history.clear()

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 import pytest
-from fake_openai_server import write_fake_pin
-from gate_cli import invoke
+from helpers.fake_openai_server import write_fake_pin
+from helpers.gate_cli import invoke
 
 from gate.core.traces.trace import read_trace
 from gate.engines import registry

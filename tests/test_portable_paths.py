@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -196,7 +196,7 @@ def test_the_hf_engines_headers_name_no_folder_of_this_machine(machine: dict[str
     """The HF engine reports its weights folder (`model_path`, and `model` with
     --model-path): a pin it records, its candidate trace and its golden say `~/models/tiny`."""
     pytest.importorskip("transformers")
-    from tiny_models import build_tiny_llama
+    from helpers.tiny_models import build_tiny_llama
 
     m = machine
     weights = build_tiny_llama(m["home"] / "models" / "tiny", tie_rows=True)

@@ -1,12 +1,12 @@
 """The divergence profile (how often, where, by how much) on the mixed traces, whose every
-divergence is known by construction (tests/trace_builders.py)."""
+divergence is known by construction (tests/helpers/trace_builders.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import orjson
-from trace_builders import mixed_result
+from helpers.trace_builders import mixed_result
 
 from gate.core.verdict.doctrine import Doctrine
 from gate.reports.json_report import render_json

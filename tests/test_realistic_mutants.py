@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 
 def test_realistic_candidates_alter_what_they_say(tmp_path: Path) -> None:
     import torch
-    from tiny_models import build_tiny_llama
-    from tiny_pin import one_thread
+    from helpers.tiny_models import build_tiny_llama
+    from helpers.tiny_pin import one_thread
 
     from gate.core.engine import PromptInput
     from gate.engines.hf import HFEngine

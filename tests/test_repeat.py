@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gate_cli import register_fake, run_fake
+from helpers.gate_cli import register_fake, run_fake
 
 from gate.core.traces.trace import PromptRecord
 from gate.workflows.run import nondeterminism
@@ -23,7 +23,7 @@ run = run_fake
 
 
 def test_a_deterministic_engine_passes_every_repeat(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     FakeEngine.history.clear()
     r = run(pins, "--repeat", "3")

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.trace_builders import mixed_result
 from rich.console import Console
-from trace_builders import mixed_result
 
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, EXACT_TIE, Divergence, GateResult, PromptResult
@@ -291,7 +291,7 @@ def _unused(d: Divergence) -> None:  # keeps the import honest for type checkers
 
 
 def test_gaps_in_grid_steps_when_the_oracle_has_raw_logits(tmp_path: Path) -> None:
-    from trace_builders import mixed_records, write_pair
+    from helpers.trace_builders import mixed_records, write_pair
 
     from gate.core.traces.trace import read_trace
     from gate.core.verdict.adjudicate import compare

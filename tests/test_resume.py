@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gate_cli import TOY_MODEL, register_fake, run_fake
+from helpers.gate_cli import TOY_MODEL, register_fake, run_fake
 
 from gate.core.traces.trace import read_trace
 from gate.workflows.progress import default_progress_path
@@ -52,7 +52,7 @@ def generated(history: list[tuple[str, Any]]) -> list[str]:
 def test_ctrl_c_prints_the_partial_report_and_resume_equals_an_uninterrupted_run(
     pins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     whole = run(pins, *MUTATION)
     assert whole.exit_code == 0, whole.output
@@ -83,7 +83,7 @@ def test_ctrl_c_prints_the_partial_report_and_resume_equals_an_uninterrupted_run
 def test_ctrl_c_while_forcing_keeps_the_whole_free_run(
     pins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     expected = json.loads(run(pins, *MUTATION).stdout)
     progress = tmp_path / "progress.jsonl"
@@ -107,7 +107,7 @@ def test_ctrl_c_while_forcing_keeps_the_whole_free_run(
 def test_a_torn_last_line_is_dropped_and_that_prompt_rerun(
     pins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     expected = json.loads(run(pins, *MUTATION).stdout)
     progress = tmp_path / "progress.jsonl"
@@ -129,7 +129,7 @@ def test_a_torn_last_line_is_dropped_and_that_prompt_rerun(
 def test_resume_after_an_engine_crash_uses_the_default_progress_file(
     pins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     expected = json.loads(run(pins).stdout)
     monkeypatch.setenv("GATE_FAKE_CRASH_AFTER", "4")
@@ -193,7 +193,7 @@ def test_a_sigkilled_run_resumes_to_the_uninterrupted_report(pins: Path, tmp_pat
         "GATE_FAKE_SLEEP": "0.2",
     }
     cmd = [sys.executable, "-m", "gate", "run", "--model", TOY_MODEL, "--pins-dir", str(pins)]
-    cmd += ["--engine", "fake_engine:FakeEngine", *MUTATION, "--progress-file", str(progress)]
+    cmd += ["--engine", "helpers.fake_engine:FakeEngine", *MUTATION, "--progress-file", str(progress)]
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

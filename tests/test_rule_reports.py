@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gate_cli import invoke
-from pin_attacks import PIN, candidate, gap, oracle_dicts, own_step, raise_runner_up, unit, write
+from helpers.gate_cli import invoke
+from helpers.pin_attacks import PIN, candidate, gap, oracle_dicts, own_step, raise_runner_up, unit, write
 from test_evidence_attacks import _flipped
 
 from gate.core.verdict.rules import RULES

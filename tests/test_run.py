@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
 from gate.core.pins.diff import exact_top2_ties
 from gate.core.pins.pin import load_pin
@@ -47,7 +47,7 @@ def report(r: Any) -> dict[str, Any]:
 
 
 def test_the_oracles_own_engine_passes_strict(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     r = run(pins, "--format", "json")
     assert r.exit_code == 0, r.output
@@ -160,7 +160,7 @@ def test_unknown_engine_and_bad_option(pins: Path) -> None:
 
 
 def test_bad_format_is_refused_before_the_engine_loads(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     FakeEngine.history.clear()
     r = run(pins, "--format", "xml")
@@ -258,7 +258,7 @@ def test_candidate_trace_missing_a_prompt_is_an_input_error(pins: Path, tmp_path
 
 
 def test_export_prompts_then_an_external_engine_writes_its_own_trace(pins: Path, tmp_path: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     from gate.core.engine import PromptInput
 
@@ -328,7 +328,7 @@ def test_output_file_and_force(pins: Path, tmp_path: Path) -> None:
 
 
 def test_runner_functions_compose(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     pin = load_pin(TOY_MODEL, pins)
     engine = FakeEngine(TOY_MODEL, tie_break="highest")
@@ -348,7 +348,7 @@ def test_runner_functions_compose(pins: Path) -> None:
 
 
 def test_generate_is_batched_as_the_engine_asks(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     pin = load_pin(TOY_MODEL, pins)
     for opts, calls in (({}, 6), ({"batch_size": "4"}, 2), ({"batch_size": "0"}, 1)):
@@ -360,7 +360,7 @@ def test_generate_is_batched_as_the_engine_asks(pins: Path) -> None:
 
 
 def test_add_token_texts_fills_forced_divergences(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     pin = load_pin(TOY_MODEL, pins)
     engine = FakeEngine(TOY_MODEL, tie_break="highest")
@@ -399,7 +399,7 @@ def test_the_pins_own_doctrine_applies_unless_the_command_line_names_one(pins: P
 
 
 def test_a_bad_threshold_fails_before_the_engine_loads(pins: Path) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     FakeEngine.history.clear()
     r = run(pins, "--near-tie-mnats", "-1")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
+from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
 from gate.core.traces.shards import select_shard
 from gate.core.traces.trace import read_trace
@@ -46,7 +46,7 @@ def adjudicated(report: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_shards_merged_and_adjudicated_equal_the_unsharded_run(pins: Path, tmp_path: Path, n: int) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     whole = run(pins, "--engine", "fake", *MUTATION)
     assert whole.exit_code == 0, whole.output
@@ -94,7 +94,7 @@ def test_a_missing_shard_is_refused_by_merge(pins: Path, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("bad", ["3/2", "0/2", "x", "1/0"])
 def test_a_bad_shard_is_exit_2_before_the_engine_loads(pins: Path, bad: str) -> None:
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     FakeEngine.history.clear()
     r = run(pins, "--engine", "fake", "--shard", bad)

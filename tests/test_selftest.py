@@ -1,5 +1,5 @@
 """`gate selftest` on a tiny random Llama with a pin recorded by the HF engine
-(tests/tiny_pin.py): its suite has exact top-2 ties (the tie-break fault needs some) and
+(tests/helpers/tiny_pin.py): its suite has exact top-2 ties (the tie-break fault needs some) and
 top-2 gaps of a few grid steps. The doctrine is the grid alone (`--near-tie-mnats 0
 --near-tie-ulps 1`): at |logit| 8-16, 125 mnats is two steps and would hide part of the
 four-step fault.
@@ -35,7 +35,7 @@ from gate.errors import InputError
 from gate.workflows.selftest import run_selftest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_pin import MODEL, build_tiny_pin, one_thread
+from helpers.tiny_pin import MODEL, build_tiny_pin, one_thread
 
 pytestmark = pytest.mark.slow
 

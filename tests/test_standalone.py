@@ -61,7 +61,7 @@ def test_the_repository_has_its_spec_seed_example_layer_check_and_licence() -> N
 
 
 def test_the_spec_pages_seed_summary_is_what_gate_compare_prints() -> None:
-    from gate_cli import invoke
+    from helpers.gate_cli import invoke
 
     spec = (ROOT / "docs" / "spec.md").read_text()
     examples = ROOT / "docs" / "examples"

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from gate_cli import invoke
-from trace_builders import candidate_record, filler, header, oracle_record, position, write_jsonl
+from helpers.gate_cli import invoke
+from helpers.trace_builders import candidate_record, filler, header, oracle_record, position, write_jsonl
 
 from gate.core.traces.trace import (
     PromptRecord,

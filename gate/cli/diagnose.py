@@ -116,7 +116,7 @@ def diagnose_hint(
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("diagnose")
+    @app.command("diagnose", epilog=options.EXIT_CODES_DIAGNOSE)
     def diagnose_cmd(
         model: options.Model = None,
         engine: options.Engine = None,
@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
         honest_dtype: Annotated[
             str, typer.Option("--honest-dtype", help="The honest engine's dtype (the band).")
         ] = "bfloat16",
-        fmt: Annotated[str, typer.Option("--format", help="rich, json or html.")] = "rich",
+        fmt: options.DiagnosisFormatOpt = options.DiagnosisFormat.rich,
         output: options.Output = None,
         pins_dir: options.PinsDir = None,
         force: options.Force = False,
@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
                 position=position,
                 path=path,
                 honest_dtype=honest_dtype,
-                fmt=fmt,
+                fmt=fmt.value,
                 output=output,
                 pins_dir=pins_dir,
                 force=force,

@@ -79,7 +79,7 @@ def invariance_command(
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("invariance")
+    @app.command("invariance", epilog=options.EXIT_CODES_INVARIANCE)
     def invariance_cmd(
         model: options.Model = None,
         engine: options.Engine = None,
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         strict: Annotated[
             bool, typer.Option("--strict", help="Fail (exit 1) unless every cell is bit-identical to its reference.")
         ] = False,
-        fmt: Annotated[str, typer.Option("--format", help="rich, json, markdown or html.")] = "rich",
+        fmt: options.InvarianceFormatOpt = options.InvarianceFormat.rich,
         output: options.Output = None,
         pins_dir: options.PinsDir = None,
         force: options.Force = False,
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
             near_tie_mnats=near_tie_mnats,
             near_tie_ulps=near_tie_ulps,
             strict=strict,
-            fmt=fmt,
+            fmt=fmt.value,
             output=output,
             pins_dir=pins_dir,
             force=force,

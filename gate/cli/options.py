@@ -111,12 +111,32 @@ class RichOrJson(StrEnum):
     json = "json"
 
 
+class DiagnosisFormat(StrEnum):
+    rich = "rich"
+    json = "json"
+    html = "html"
+
+
+class InvarianceFormat(StrEnum):
+    rich = "rich"
+    json = "json"
+    markdown = "markdown"
+    html = "html"
+
+
 OUTPUT_PANEL = "Output"
 GateFormatOpt = Annotated[
     GateFormat, typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL)
 ]
 GoldensFormatOpt = Annotated[
     GoldensFormat, typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL)
+]
+DiagnosisFormatOpt = Annotated[
+    DiagnosisFormat, typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL)
+]
+InvarianceFormatOpt = Annotated[
+    InvarianceFormat,
+    typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL),
 ]
 RichOrJsonOpt = Annotated[
     RichOrJson, typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=OUTPUT_PANEL)
@@ -145,3 +165,11 @@ EXIT_CODES_GOLDENS = (
     "3 engine or infrastructure failure; 4 internal error (a bug in gate)."
 )
 EXIT_CODES_FILES = "Exit codes: 0 done; 2 usage or input error; 4 internal error (a bug in gate)."
+EXIT_CODES_DIAGNOSE = (
+    "Exit codes: 0 nothing leaves the honest band; 1 a layer and part are located; 2 usage or input error; "
+    "3 engine or infrastructure failure; 4 internal error (a bug in gate)."
+)
+EXIT_CODES_INVARIANCE = (
+    "Exit codes: 0 no cell's flips are defects (with --strict: every cell bit-identical); 1 a cell varies; "
+    "2 usage or input error; 3 engine or infrastructure failure; 4 internal error (a bug in gate)."
+)

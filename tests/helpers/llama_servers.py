@@ -21,10 +21,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from vllm_server import free_port
-
 from gate.engines.llama_server_process import find_binary
 from gate.errors import InputError
+from helpers.vllm_server import free_port
 
 STARTUP_S = 120.0
 

@@ -18,7 +18,7 @@ from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import GateResult
 
 # The spec's seed example, kept in the repository (docs/spec.md, docs/examples/).
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 SEED_ORACLE = EXAMPLES / "seed-oracle.jsonl"
 SEED_CANDIDATE = EXAMPLES / "seed-candidate.jsonl"
 

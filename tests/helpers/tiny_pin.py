@@ -1,6 +1,6 @@
 """A pin for a tiny random Llama, recorded by the HF engine: for the doctrine's slow tests.
 
-The model (tests/tiny_models.py, lm_head scaled x20) has logits at |logit| 8-16 like a
+The model (tests/helpers/tiny_models.py, lm_head scaled x20) has logits at |logit| 8-16 like a
 trained model's (bf16 steps of 62.5 mnats), so a 16-prompt suite has a handful of exact
 top-2 ties and top-2 gaps of a few grid steps. Built in seconds, nothing downloaded.
 """
@@ -32,13 +32,12 @@ def one_thread() -> Iterator[None]:
 
 def build_tiny_pin(root: Path) -> tuple[Path, Path]:
     """(weights folder, pins root) with a recorded pin of MODEL under root."""
-    from tiny_models import build_tiny_llama
-
     from gate.core.pins.oracle_settings import OracleSettings
     from gate.core.pins.pin import PinFolder, write_pin
     from gate.core.pins.suite import Suite, SuitePrompt
     from gate.engines.hf import HFEngine
     from gate.workflows.pin_record import record_oracle
+    from helpers.tiny_models import build_tiny_llama
 
     weights = build_tiny_llama(root / "weights", seed=1, lm_head_scale=20.0)
     pins = root / "pins"

@@ -1,5 +1,5 @@
 """Fake engines for `gate invariance`'s negative controls: faults of the schedule a real
-engine cannot be made to show on demand. Each is the toy model of tests/fake_engine.py with
+engine cannot be made to show on demand. Each is the toy model of tests/helpers/fake_engine.py with
 schedule knobs declared (`schedule_knobs`, gate.core.engine).
 
 - `KnobbedFake`: the honest toy model with the batch_size and threads knobs: batch- and
@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from fake_engine import FakeEngine
-
 from gate.core.engine import PromptInput
 from gate.core.traces.trace import PromptRecord
+from helpers.fake_engine import FakeEngine
 
 
 class KnobbedFake(FakeEngine):

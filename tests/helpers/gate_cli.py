@@ -35,7 +35,7 @@ def invoke(args: Sequence[str], env: dict[str, str] | None = None) -> Result:
 
 def register_fake(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make `--engine fake` (and oracle.json's `"engine": "fake"`) the toy engine."""
-    from fake_engine import FakeEngine
+    from helpers.fake_engine import FakeEngine
 
     monkeypatch.setitem(registry.BUILTIN, "fake", f"{FakeEngine.__module__}:FakeEngine")
     FakeEngine.history.clear()

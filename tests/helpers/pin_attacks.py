@@ -19,7 +19,7 @@ import orjson
 from gate.core.traces.trace import Trace, read_trace
 from gate.core.verdict.grid import grid_step
 
-PIN = Path(__file__).resolve().parents[1] / "oracle_pins" / "HuggingFaceTB" / "SmolLM2-135M-Instruct" / "pin.jsonl"
+PIN = Path(__file__).resolve().parents[2] / "oracle_pins" / "HuggingFaceTB" / "SmolLM2-135M-Instruct" / "pin.jsonl"
 FLOOR = 16.0
 
 Own = Callable[[int, dict[str, Any], int, list[list[Any]]], list[list[Any]]]
