@@ -145,8 +145,6 @@ def test_forced_lists_measure_every_position_by_class() -> None:
     b = _lp({20: 0.9, 21: 0.1})
     cand_top = [[_lp({11: 0.5, 10: 0.5 - 1e-3}), b, b]]
     oracle, cand = _traces([[a, b, b]], cand_top, cand_tokens=[[11, 20, 20]], forced=True)
-        [[a, b, b]], [[_lp({11: 0.5, 10: 0.5 - 1e-3}), b, b]], cand_tokens=[[11, 20, 20]], forced=True
-    )
     r = compare(oracle, cand, Doctrine(near_tie_mnats=125.0))
     d = r.distribution
     assert d is not None
