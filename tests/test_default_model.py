@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
+from gate.core.storage.files import file_sha256
 from gate.core.traces.trace import read_trace
 from gate.models import hashing
 from gate.models.default import (
@@ -58,11 +59,11 @@ def test_the_build_writes_bf16_safetensors_tokenizer_and_manifest(built: tuple[P
     assert not [n for n in os.listdir(models) if n.startswith(".")]  # no temporary folder left behind
     manifest = read_manifest(folder)
     gguf, recorded = find_gguf()
-    assert manifest["source"]["sha256"] == hashing.file_sha256(gguf)
+    assert manifest["source"]["sha256"] == file_sha256(gguf)
     if recorded is not None:
         assert recorded == manifest["source"]["sha256"]
     for name, sha in manifest["files"].items():
-        assert hashing.file_sha256(folder / name) == sha
+        assert file_sha256(folder / name) == sha
     assert hashing.weights_sha256(folder) == manifest["weights_sha256"]
     assert hashing.tokenizer_sha256(folder) == manifest["tokenizer_sha256"]
 

@@ -78,7 +78,7 @@ def test_an_honest_engine_is_located_nowhere_and_html_draws_it(tiny: tuple[str, 
         (["--prompt", "p03", "--position", "999"], "--position 999"),
         (["--path", "prefill"], "--path goes with --prompt"),
         (["--prompt", "p03", "--position", "1", "--path", "sideways"], "expected prefill or decode"),
-        (["--format", "markdown"], "--format 'markdown'"),
+        (["--format", "markdown"], "'markdown' is not one of"),
         (["--engine", "openai"], "cannot capture engine 'openai'"),
     ],
 )
