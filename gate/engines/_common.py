@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gate.core.engine import PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.errors import InputError
+from gate.models.default import DEFAULT_MODEL, find_gguf
 
 # One top-k list as the trace stores it: [token_id, logprob] pairs.
 Pairs = list[list[Any]]
@@ -132,3 +134,20 @@ def greedy_record(
         tokens=tuple(texts) if texts is not None else None,
         extra=dict(extra or {}),
     )
+
+
+def locate_gguf(model: str, model_path: str | None, *, not_a_gguf: str) -> Path:
+    """The GGUF file an engine runs: `model_path` when given, the embedded default's own
+    Q4_1 GGUF for the default model, else `model` itself when it names a `.gguf` file.
+    `not_a_gguf` is the engine's sentence for a model that is none (formatted with `model`)."""
+    if model_path:
+        path = Path(model_path).expanduser()
+    elif model == DEFAULT_MODEL:
+        path, _ = find_gguf()
+    else:
+        path = Path(model).expanduser()
+        if not (path.is_file() and path.suffix == ".gguf"):
+            raise InputError(not_a_gguf.format(model=model))
+    if not path.is_file():
+        raise InputError(f"GGUF file {path} does not exist")
+    return path

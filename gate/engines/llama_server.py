@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 import orjson
@@ -48,12 +47,12 @@ import orjson
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.storage.files import file_sha256
 from gate.core.traces.trace import PromptRecord
-from gate.engines._common import Pairs, check_prompt_ids, greedy_record
+from gate.engines._common import Pairs, check_prompt_ids, greedy_record, locate_gguf
 from gate.engines.llama_server_process import LlamaServerProcess, find_binary
 from gate.engines.openai_http import HttpClient
 from gate.engines.server import HTTP_OPTIONS, BoundedPool, ServerEngine, check_http_options, connect
 from gate.errors import EngineError, InputError
-from gate.models.default import DEFAULT_MODEL, default_model_dir, find_gguf, read_manifest
+from gate.models.default import DEFAULT_MODEL, default_model_dir, read_manifest
 
 FORCED_MODES = ("decode", "none")
 # The sampler chain whose pick is the argmax with the lowest id among equal maxima.
@@ -301,7 +300,12 @@ class LlamaServerEngine(ServerEngine):
             raise
 
     def _start(self, model: str, opts: Mapping[str, Any]) -> str:
-        gguf = _locate_gguf(model, opts["model_path"])
+        gguf = locate_gguf(
+            model,
+            opts["model_path"],
+            not_a_gguf="engine 'llama-server' serves a GGUF file: {model!r} is not one; give the file with "
+            "--engine-opt model_path=FILE.gguf, or a running server with --engine-opt base_url=URL",
+        )
         binary = find_binary(opts["binary"])
         threads = int(opts["threads"] or DEFAULT_THREADS)
         parallel = int(opts["concurrency"])
@@ -349,23 +353,6 @@ class LlamaServerEngine(ServerEngine):
         if self.process is not None:
             self.process.stop()
             self.process = None
-
-
-def _locate_gguf(model: str, model_path: str | None) -> Path:
-    if model_path:
-        path = Path(model_path).expanduser()
-    elif model == DEFAULT_MODEL:
-        path, _ = find_gguf()
-    else:
-        path = Path(model).expanduser()
-        if not (path.is_file() and path.suffix == ".gguf"):
-            raise InputError(
-                f"engine 'llama-server' serves a GGUF file: {model!r} is not one; give the file with "
-                "--engine-opt model_path=FILE.gguf, or a running server with --engine-opt base_url=URL"
-            )
-    if not path.is_file():
-        raise InputError(f"GGUF file {path} does not exist")
-    return path
 
 
 def _default_source_sha256() -> str | None:

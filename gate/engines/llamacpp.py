@@ -53,10 +53,10 @@ from llama_cpp import _internals
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.storage.files import file_sha256
 from gate.core.traces.trace import PromptRecord
-from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform
+from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform, locate_gguf
 from gate.engines._logits import top_k_pairs
 from gate.errors import EngineError, InputError
-from gate.models.default import DEFAULT_MODEL, find_gguf, read_manifest
+from gate.models.default import DEFAULT_MODEL, read_manifest
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     "threads": (int, 1),
@@ -111,7 +111,12 @@ class LlamaCppEngine:
         self.model_id = model
         self.options = opts
         self.sampler_kind = sampler
-        self.gguf = self._locate(model, opts["model_path"])
+        self.gguf = locate_gguf(
+            model,
+            opts["model_path"],
+            not_a_gguf="engine 'llamacpp' runs a GGUF file: {model!r} is not one; "
+            "give the file with --engine-opt model_path=FILE.gguf",
+        )
         self.gguf_sha256 = file_sha256(self.gguf)
         _check_gguf_header(self.gguf)
 
@@ -157,23 +162,6 @@ class LlamaCppEngine:
         eos = {int(self.model.token_eos()), int(self.model.token_eot())}
         self.stop_ids = frozenset(t for t in eos if t >= 0)
         self.metadata: dict[str, str] = dict(self.model.metadata())
-
-    @staticmethod
-    def _locate(model: str, model_path: str | None) -> Path:
-        if model_path:
-            path = Path(model_path).expanduser()
-        elif model == DEFAULT_MODEL:
-            path, _ = find_gguf()
-        else:
-            path = Path(model).expanduser()
-            if not (path.is_file() and path.suffix == ".gguf"):
-                raise InputError(
-                    f"engine 'llamacpp' runs a GGUF file: {model!r} is not one; "
-                    "give the file with --engine-opt model_path=FILE.gguf"
-                )
-        if not path.is_file():
-            raise InputError(f"GGUF file {path} does not exist")
-        return path
 
     # ------------------------------------------------------------------ the contract
 
