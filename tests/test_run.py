@@ -200,6 +200,23 @@ def test_without_forced_data_later_positions_are_unadjudicated(pins: Path) -> No
     assert rep["counts"]["unadjudicated_positions"] > 0
 
 
+def test_a_prompt_that_cannot_be_forced_does_not_stop_the_forcing_of_the_others(pins: Path) -> None:
+    from helpers.fake_engine import FakeEngine
+
+    every = report(run(pins, "--engine-opt", "tie_break=highest", "--format", "json"))
+    forced_all = {d["prompt_id"] for d in every["divergences"] if d["source"] == "forced"}
+    assert len(forced_all) >= 2, "the toy suite needs two forced prompts for this test"
+    FakeEngine.history.clear()
+    r = run(pins, "--engine-opt", "tie_break=highest", "--engine-opt", "forced=unavailable_first", "--format", "json")
+    assert r.exit_code == 0, r.output
+    rep = report(r)
+    forced_now = {d["prompt_id"] for d in rep["divergences"] if d["source"] == "forced"}
+    # Only the one prompt the engine refused to force is left unadjudicated.
+    assert forced_now and forced_now < forced_all
+    assert len(forced_all - forced_now) <= 1
+    assert rep["counts"]["unadjudicated_positions"] > 0
+
+
 # --------------------------------------------------------------------------- traces
 
 

@@ -125,7 +125,7 @@ def force_along(
     top_k: int,
     known: Mapping[str, PromptRecord] | None = None,
     progress: Progress = QUIET,
-    stop_if_unavailable: bool = False,
+    skip_unavailable: bool = False,
 ) -> tuple[Trace, tuple[str, ...]]:
     """`free` with `forced_token_ids` (and `forced_mode`) on every prompt whose free run
     left `oracle`'s tokens, and the ids of the prompts forced.
@@ -133,9 +133,10 @@ def force_along(
     Each forced position is then classified on its own, so a tie early in a prompt cannot
     hide a defect later in it. A forced decode depends only on the prompt and the tokens
     fed, so a record in `known` forced along the very same tokens is reused instead of
-    decoded again. With `stop_if_unavailable`, an engine that cannot force
-    (`ForcedDecodeUnavailable`, e.g. a server without prompt logprobs) ends the forcing:
-    the positions after each first divergence are then reported unadjudicated.
+    decoded again. With `skip_unavailable`, a prompt the engine cannot force
+    (`ForcedDecodeUnavailable`: a server without prompt logprobs, a text prompt whose
+    tokens cannot be mapped back) is skipped: the positions after its first divergence are
+    reported unadjudicated, and the other prompts are still forced.
     """
     name = engine_name(engine)
     ids = diverged_ids(oracle, free)
@@ -154,8 +155,9 @@ def force_along(
         try:
             fd = engine_call(engine, "force", partial(engine.force, o.prompt_token_ids, o.token_ids, top_k))
         except ForcedDecodeUnavailable:
-            if stop_if_unavailable:
-                break
+            if skip_unavailable:
+                progress.advance()
+                continue
             raise
         if len(fd.token_ids) != len(o.token_ids):
             raise EngineError(

@@ -76,7 +76,7 @@ def rerun_against(
         engine={"name": str(info.get("name", name)), "version": "-"},
     )
     free = Trace(header=header, records=tuple(records), path=f"<{name}>")
-    cand, _ = force_along(engine, pin, free, top_k=top_k, stop_if_unavailable=True)
+    cand, _ = force_along(engine, pin, free, top_k=top_k, skip_unavailable=True)
     result = compare(pin, cand, Doctrine())
     assert result.distribution is not None  # compare always measures it
     return HonestRerun(name=name, figures=result.distribution.overall)

@@ -187,7 +187,7 @@ def force_diverged(
     An engine without forced data (e.g. a server without prompt logprobs) leaves the
     positions after each first divergence unadjudicated instead of failing the run.
     """
-    return force_along(engine, pin.trace, candidate, top_k=pin.top_k, progress=progress, stop_if_unavailable=True)
+    return force_along(engine, pin.trace, candidate, top_k=pin.top_k, progress=progress, skip_unavailable=True)
 
 
 def add_token_texts(result: GateResult, decode: Callable[[Sequence[int]], list[str] | None]) -> GateResult:

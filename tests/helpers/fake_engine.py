@@ -17,7 +17,8 @@ Options (`--engine-opt key=value`, all strings as the CLI gives them):
   fail            load | generate | force: raise RuntimeError there (an engine crash)
   weights_sha256  what info() reports (default "toy-weights-0")
   tokenizer       same | drift (one prompt token differs) | none (cannot tokenize)
-  forced          decode | unavailable (force raises ForcedDecodeUnavailable)
+  forced          decode | unavailable (force raises ForcedDecodeUnavailable) | unavailable_first
+                  (only the first force call raises: one prompt the engine cannot force)
   batch_size      prompts per generate call the runner should use (default: unset)
   fault           an engine fault in generate (or force), for prompt `fault_prompt` (default: all):
                   nan (a NaN logprob) | inf (an infinite one) | short (3 tokens too few, finish
@@ -221,6 +222,8 @@ class FakeEngine:
             raise RuntimeError("toy model crashed in force")
         if self.opts["forced"] == "unavailable":
             raise ForcedDecodeUnavailable("toy server: no prompt logprobs")
+        if self.opts["forced"] == "unavailable_first" and sum(h[0] == "force" for h in FakeEngine.history) == 1:
+            raise ForcedDecodeUnavailable("toy server: this prompt cannot be forced")
         if os.environ.get("GATE_FAKE_INTERRUPT_FORCE") == "1":
             raise KeyboardInterrupt
         if self._faulty(None, "hang_force"):
