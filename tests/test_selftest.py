@@ -145,6 +145,40 @@ def test_judge_without_changes() -> None:
     assert judge("exact_ties", 0, empty)[:2] == (UNCHANGED, False)
 
 
+def _beyond_the_floor() -> Any:
+    """A run's distribution judged beyond a floor (KL far past the floor's mean)."""
+    from gate.core.verdict.distribution import MIN_POSITIONS, Figures, Point, RunDistribution
+    from gate.core.verdict.floor import Floor
+
+    pts = [Point("p", i, "match", 50.0, True, 0.0, 5) for i in range(MIN_POSITIONS)]
+    floor = Floor(kl_mean_mnats=1.0, kl_p99_mnats=5.0, same_top_rate=0.9, margin=1.5, measured_by="a test")
+    return RunDistribution(overall=Figures.of(pts), by_class=(), floor=floor, beyond_figures=("mean KL 50 > 1.5",))
+
+
+def test_a_mutant_caught_by_the_floor_alone_is_caught_not_missed() -> None:
+    """A mutant that changes no token but whose numerics are beyond the floor: the gate
+    failed it by the distribution verdict, and no divergence was reported."""
+    from gate.core.verdict.result import GateResult
+
+    failed = GateResult(doctrine=GRID_DOCTRINE, prompts=(), divergences=(), distribution=_beyond_the_floor())
+    assert failed.verdict == "fail"
+    status, met, why = judge("caught", 0, failed)
+    assert (status, met) == ("caught", True), why
+    assert "reported divergences" not in why and "distribution" in why
+    status, met, why = judge("exact_ties", 0, failed)
+    assert (status, met) == (UNCHANGED, False), why
+    assert "reported divergences" not in why
+
+
+def test_a_within_doctrine_mutant_beyond_the_floor_is_not_as_expected() -> None:
+    """The one-step mutant must come out ratified: a floor fail contradicts that."""
+    from gate.core.verdict.result import GateResult
+
+    failed = GateResult(doctrine=GRID_DOCTRINE, prompts=(), divergences=(), distribution=_beyond_the_floor())
+    status, met, why = judge("no_defect", 0, failed)
+    assert not met and "distribution" in why
+
+
 def test_exact_top2_ties_counts_bit_equal_pairs(tiny_pin: tuple[Path, Path]) -> None:
     _, pins = tiny_pin
     pin = load_pin(MODEL, pins)

@@ -166,12 +166,14 @@ class SelfTestResult:
 
     @property
     def summary(self) -> str:
-        caught = sum(m.status == CAUGHT for m in self.mutants)
-        changed = sum(m.status != UNCHANGED for m in self.mutants)
+        changing = [m for m in self.mutants if m.changed_positions > 0]
+        caught = sum(m.status == CAUGHT for m in changing)
+        by_floor = sum(m.status == CAUGHT and m.changed_positions == 0 for m in self.mutants)
         met = sum(m.met for m in self.mutants)
         word = "passed" if self.ok else "FAILED"
+        floor = f"; {by_floor} changing no token caught by the distribution verdict" if by_floor else ""
         return (
-            f"selftest {word}: {caught}/{changed} token-changing mutants caught; "
+            f"selftest {word}: {caught}/{len(changing)} token-changing mutants caught{floor}; "
             f"{met}/{len(self.mutants)} classified as expected"
         )
 
@@ -247,12 +249,17 @@ def reported_positions(result: GateResult) -> int:
 def judge(expect: str, changed: int, result: GateResult) -> tuple[str, bool, str]:
     """(status, expectation met, why) for a mutant that changed `changed` positions."""
     reported = reported_positions(result)
+    dist = result.distribution
+    beyond = dist is not None and dist.beyond
+    floor_note = f"; the distribution verdict failed it ({'; '.join(dist.beyond_figures)})" if dist and beyond else ""
     if changed == 0:
-        if result.verdict != STRICT_PASS:
+        if result.divergences:
             return MISSED, False, "the mutant changed no token, yet the gate reported divergences"
+        if beyond and expect == EXPECT_CAUGHT:
+            return CAUGHT, True, f"no token changed on this suite{floor_note}"
         if expect == EXPECT_CAUGHT:
             return UNCHANGED, True, "no token changed on this suite: nothing to catch"
-        return UNCHANGED, False, "no token changed on this suite, so the expectation was not exercised"
+        return UNCHANGED, False, f"no token changed on this suite, so the expectation was not exercised{floor_note}"
     if reported < changed or result.verdict == STRICT_PASS:
         return MISSED, False, f"the mutant changed {changed} positions but the gate reported {reported}"
     c = result.counts
@@ -266,18 +273,18 @@ def judge(expect: str, changed: int, result: GateResult) -> tuple[str, bool, str
         )
         return CAUGHT, ok, why
     if expect == EXPECT_NO_DEFECT:
-        ok = DEFECT not in classes
+        ok = DEFECT not in classes and not beyond
         why = (
             f"all {reported} changes are within the doctrine ({_classes(c)})"
             if ok
-            else f"expected ties and near ties only, found {_classes(c)}"
+            else f"expected ties and near ties only, found {_classes(c)}{floor_note}"
         )
         return CAUGHT, ok, why
     if expect == EXPECT_DEFECT:
         ok = DEFECT in classes
-        why = f"reported as {_classes(c)}" + ("" if ok else ": expected at least one defect")
+        why = f"reported as {_classes(c)}" + ("" if ok else ": expected at least one defect") + floor_note
         return CAUGHT, ok, why
-    return CAUGHT, True, f"all {reported} changes reported ({_classes(c)})"
+    return CAUGHT, True, f"all {reported} changes reported ({_classes(c)}){floor_note}"
 
 
 def _classes(c: Mapping[str, int]) -> str:
