@@ -175,7 +175,7 @@ def test_a_within_doctrine_mutant_beyond_the_floor_is_not_as_expected() -> None:
     from gate.core.verdict.result import GateResult
 
     failed = GateResult(doctrine=GRID_DOCTRINE, prompts=(), divergences=(), distribution=_beyond_the_floor())
-    status, met, why = judge("no_defect", 0, failed)
+    _, met, why = judge("no_defect", 0, failed)
     assert not met and "distribution" in why
 
 
