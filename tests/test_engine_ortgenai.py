@@ -16,7 +16,7 @@ pytest.importorskip("onnxruntime_genai")
 from helpers.gate_cli import invoke
 
 from gate.core.engine import PromptInput
-from gate.core.traces.trace import Trace, TraceHeader
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import compare
 from gate.errors import InputError
 from gate.models.onnx import ONNX_MANIFEST, check_onnx_folder, onnx_model, write_manifest
@@ -217,6 +217,42 @@ def test_the_default_build_forced_decode_reproduces_generate(default_fp32: objec
     moved = default_fp32.force(ids, other, 5)  # type: ignore[attr-defined]
     assert moved.top_logprobs[0] == rec.top_logprobs[0] and moved.top_logprobs[1] != rec.top_logprobs[1]
     assert replace(rec, top_logprobs=None).token_ids == forced.token_ids
+
+
+@pytest.mark.slow
+def test_batched_decoding_is_the_one_prompt_loop_bit_for_bit(default_fp32: object) -> None:
+    """`batch_size` N decodes prompts together (right padding with the pad id); a chat
+    prompt holds the pad id inside it, and a prompt that ends with it cannot be told from
+    padding, so it runs alone. Each prompt's record is the batch-of-one record."""
+    from gate.core.pins.pin import load_pin
+    from gate.engines.ortgenai import OrtGenAIEngine
+
+    pin = load_pin(default_fp32.model_id, Path(__file__).parent.parent / "oracle_pins")  # type: ignore[attr-defined]
+    pad = default_fp32.pad_token_id  # type: ignore[attr-defined]
+    recs = list(pin.trace.records[:5])
+    chat = next(r for r in pin.trace.records if pad in r.prompt_token_ids[:-1])
+    cut = list(chat.prompt_token_ids).index(pad) + 1
+    prompts = [PromptInput(r.id, r.prompt_token_ids, 6 + 2 * i) for i, r in enumerate([*recs, chat])]
+    prompts.append(PromptInput("ends-with-pad", chat.prompt_token_ids[:cut], 5))
+    alone = default_fp32.generate(prompts, 5)  # type: ignore[attr-defined]
+    batched_engine = OrtGenAIEngine(default_fp32.model_id, precision="fp32", threads=1, batch_size=4)  # type: ignore[attr-defined]
+    alone_calls: list[str] = []
+    one = batched_engine._generate_one
+
+    def counted(p: PromptInput, k: int) -> PromptRecord:
+        alone_calls.append(p.id)
+        return one(p, k)
+
+    batched_engine._generate_one = counted  # type: ignore[method-assign,assignment]
+    try:
+        together = batched_engine.generate(prompts, 5)
+        assert batched_engine.info()["batch_size"] == 4
+        assert alone_calls == ["ends-with-pad"]  # the other six went through two batches
+    finally:
+        batched_engine.close()
+    assert [r.id for r in together] == [p.id for p in prompts]
+    for a, b in zip(alone, together, strict=True):
+        assert (a.token_ids, a.top_logprobs, a.finish_reason) == (b.token_ids, b.top_logprobs, b.finish_reason), a.id
 
 
 @pytest.mark.slow

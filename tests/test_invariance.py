@@ -106,6 +106,26 @@ def test_the_honest_toy_model_is_bit_identical_in_every_cell_it_runs(pins: Path)
         assert knob in by[name]["reason"]
 
 
+def test_a_server_runs_one_request_at_a_time_against_many_in_flight(pins: Path) -> None:
+    r = invariance(pins, f"{FAKES}:ServerFake")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["baseline"]["concurrency"] == "1"
+    by = cells(r)
+    cell = by["concurrency"]
+    assert cell["ran"] is True and cell["schedule"]["concurrency"] == 6  # 6 prompts, at most --batch 8
+    assert cell["bitwise_identical"] is True and cell["positions"] > 0
+    assert by["batch"]["ran"] is False  # a server has no batch_size: its batch is what is in flight
+
+
+def test_a_server_whose_numbers_move_with_the_requests_in_flight_varies(pins: Path) -> None:
+    r = invariance(pins, f"{FAKES}:ServerFake", "--engine-opt", "crowd=true")
+    assert r.exit_code == 1, r.output
+    by = cells(r)
+    assert by["concurrency"]["verdict"] == VARIES and by["concurrency"]["token_flips"]["defect"] > 0
+    assert by["repeat"]["verdict"] == BITWISE_INVARIANT  # one at a time, twice: the same
+
+
 def test_logprobs_that_move_without_a_flip_are_within_noise_and_strict_fails(pins: Path) -> None:
     # The toy engine's `nondeterministic=logprob` shifts one logprob by 1e-6 nats on a repeat.
     r = invariance(pins, f"{FAKES}:KnobbedFake", "--schedules", "repeat", "--engine-opt", "nondeterministic=logprob")

@@ -92,6 +92,20 @@ def test_the_pool_bounds_requests_in_flight_and_keeps_order() -> None:
     assert peak == 3
 
 
+def test_the_runner_sends_a_server_engine_its_concurrency_of_prompts_at_once() -> None:
+    """With concurrency N the runner hands N prompts to one generate call, so N requests
+    are in flight; handed one at a time, the pool would never run two."""
+    from gate.engines.server import ServerEngine
+    from gate.workflows.engine_calls import batch_size_for
+
+    engine = ServerEngine.__new__(ServerEngine)
+    engine.pool = BoundedPool(3, "t")
+    try:
+        assert batch_size_for(engine, 10) == 3  # type: ignore[arg-type]
+    finally:
+        engine.pool.close()
+
+
 @pytest.mark.parametrize(
     ("options", "problem"),
     [

@@ -15,9 +15,17 @@ its token (`generate_next_token`), gate records it, rewinds that one token
 (`rewind_to`) and appends the oracle's token instead (`append_tokens`), so the next
 position is computed by one decode step on the KV cache, exactly as in the free run.
 
+Batched decoding (`batch_size` N > 1; 0: every prompt at once): up to N prompts in one
+generator, right-padded with the model's pad id, which is how the runtime batches
+(`Tokenizer.encode_batch`): it masks the trailing pad ids of each row and reads each row's
+logits at its own last token. Left padding is not its convention (measured: wrong logits).
+A prompt that ends with the pad id cannot be told from padding, so it runs alone. Each row
+stops at its own stop token or token budget; the generator runs until every row has stopped.
+Forced decode is one prompt at a time (its rewind is the whole batch's).
+
 Options (`--engine-opt key=value`): precision (fp32, int4; default fp32), threads (ONNX
-Runtime's intra-op threads; default its own choice), model_path (a prebuilt ONNX Runtime
-GenAI folder; then precision only labels it).
+Runtime's intra-op threads; default its own choice), batch_size (default 1), model_path (a
+prebuilt ONNX Runtime GenAI folder; then precision only labels it).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from gate.models.onnx import PRECISIONS, onnx_model, read_onnx_manifest, source_
 OPTIONS: dict[str, tuple[type, Any]] = {
     "precision": (str, "fp32"),
     "threads": (int, None),
+    "batch_size": (int, 1),
     "model_path": (str, None),
 }
 
@@ -50,7 +59,7 @@ class OrtGenAIEngine:
 
     name = "ortgenai"
     # gate.core.engine.SCHEDULE_KNOBS -> the option that sets it (`gate invariance`).
-    schedule_knobs: ClassVar[Mapping[str, str]] = {"threads": "threads"}
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"threads": "threads", "batch_size": "batch_size"}
 
     def __init__(self, model: str, **options: Any) -> None:
         opts = parse_options(self.name, options, OPTIONS)
@@ -59,6 +68,8 @@ class OrtGenAIEngine:
             raise InputError(f"--engine-opt precision={opts['precision']}: expected one of {', '.join(PRECISIONS)}")
         if opts["threads"] is not None and opts["threads"] < 1:
             raise InputError(f"--engine-opt threads={opts['threads']}: expected a positive integer")
+        if opts["batch_size"] < 0:
+            raise InputError(f"--engine-opt batch_size={opts['batch_size']}: expected 0 (all at once) or more")
         self.model_id = model
         self.options = opts
         self.precision = precision
@@ -75,6 +86,8 @@ class OrtGenAIEngine:
         genai = json.loads((self.folder / "genai_config.json").read_text(encoding="utf-8"))
         eos = genai.get("model", {}).get("eos_token_id")
         self.stop_ids = frozenset([eos] if isinstance(eos, int) else [int(t) for t in eos or ()])
+        pad = genai.get("model", {}).get("pad_token_id")
+        self.pad_token_id: int = int(pad) if isinstance(pad, int) else min(self.stop_ids, default=0)
         self.vocab_size: int | None = genai.get("model", {}).get("vocab_size")
 
     def _locate(self, model: str, model_path: str | None) -> Path:
@@ -114,6 +127,7 @@ class OrtGenAIEngine:
             "precision": manifest.get("precision", self.precision),
             "execution_provider": "cpu",
             "threads": self.options["threads"] if self.options["threads"] is not None else "onnxruntime default",
+            "batch_size": self.options["batch_size"],
             "greedy": "og.Generator do_sample=false (std::max_element: first maximum, lowest id)",
             "logprobs": "float64(logit) - logsumexp (float32 exp, float64 sum) over the runtime's float32 logits",
             "options": {k: v for k, v in self.options.items() if v is not None},
@@ -133,7 +147,21 @@ class OrtGenAIEngine:
         return out
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
-        return [self._generate_one(p, top_k) for p in prompts]
+        for p in prompts:
+            check_prompt_ids(p.id, p.prompt_token_ids, self.vocab_size)
+        size = len(prompts) if self.options["batch_size"] == 0 else int(self.options["batch_size"])
+        done: dict[int, PromptRecord] = {}
+        # A prompt ending with the pad id would lose that token as padding: it runs alone.
+        together = [
+            i for i, p in enumerate(prompts) if p.max_tokens > 0 and p.prompt_token_ids[-1:] != (self.pad_token_id,)
+        ]
+        if size <= 1:
+            together = []
+        for start in range(0, len(together), max(size, 1)):
+            group = [prompts[i] for i in together[start : start + size]]
+            for i, rec in zip(together[start : start + size], self._generate_batch(group, top_k), strict=True):
+                done[i] = rec
+        return [done[i] if i in done else self._generate_one(p, top_k) for i, p in enumerate(prompts)]
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
         check_prompt_ids("forced", prompt_token_ids, self.vocab_size)
@@ -191,8 +219,42 @@ class OrtGenAIEngine:
         top = top_k_pairs(logits, top_k, token, position=position) if top_k > 0 else None
         return token, top
 
+    def _generate_batch(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        """Up to `batch_size` prompts in one generator, right-padded (see the module doc)."""
+        if len(prompts) == 1:
+            return [self._generate_one(prompts[0], top_k)]
+        width = max(len(p.prompt_token_ids) for p in prompts)
+        rows = [[*p.prompt_token_ids, *[self.pad_token_id] * (width - len(p.prompt_token_ids))] for p in prompts]
+        params = og.GeneratorParams(self.model)
+        longest = max(p.max_tokens for p in prompts)
+        params.set_search_options(do_sample=False, max_length=width + longest, batch_size=len(prompts))
+        gen = og.Generator(self.model, params)
+        gen.append_tokens(np.array(rows, dtype=np.int32))
+        ids: list[list[int]] = [[] for _ in prompts]
+        tops: list[list[Pairs]] = [[] for _ in prompts]
+        finish = ["length"] * len(prompts)
+        live = set(range(len(prompts)))
+        for step in range(longest):
+            logits = np.array(gen.get_logits(), dtype=np.float32).reshape(len(prompts), -1)
+            gen.generate_next_token()
+            chosen = gen.get_next_tokens()
+            for row in sorted(live):
+                token = int(chosen[row])
+                ids[row].append(token)
+                if top_k > 0:
+                    tops[row].append(top_k_pairs(logits[row], top_k, token, position=step))
+                if token in self.stop_ids:
+                    finish[row] = "stop"
+                if token in self.stop_ids or len(ids[row]) >= prompts[row].max_tokens:
+                    live.discard(row)
+            if not live or gen.is_done():
+                break
+        return [
+            greedy_record(p, ids[r], tops[r] if top_k > 0 else None, finish[r], self.decode_tokens(ids[r]))
+            for r, p in enumerate(prompts)
+        ]
+
     def _generate_one(self, prompt: PromptInput, top_k: int) -> PromptRecord:
-        check_prompt_ids(prompt.id, prompt.prompt_token_ids, self.vocab_size)
         ids: list[int] = []
         tops: list[Pairs] = []
         finish = "length"

@@ -142,6 +142,11 @@ class ServerEngine:
     http: HttpClient
     pool: BoundedPool
 
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight at once: the runner hands this many prompts to one `generate`."""
+        return self.pool.workers
+
     def info(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -6,6 +6,7 @@ where the engine declares the knob (`schedule_knobs`, `gate.core.engine`):
 
 - repeat: the baseline again (no knob needed);
 - batch: `batch_size` N against the baseline's (1 when the baseline batches, else N);
+- concurrency: a server client's requests in flight, N against the baseline's 1;
 - max_num_seqs: the scheduler's sequence limit set to N;
 - needle: one prompt alone, then inside a batch of N-1 others (the alone run is its reference);
 - shuffle: the prompts in a seeded random order (the same batch size);
@@ -53,6 +54,7 @@ from gate.workflows.run import add_token_texts, candidate_header, prompt_inputs,
 CELLS = (
     "repeat",
     "batch",
+    "concurrency",
     "max_num_seqs",
     "needle",
     "shuffle",
@@ -161,6 +163,11 @@ def run_invariance(
         base_opts[knobs["threads"]] = "1"
     if "threads" in knobs:
         base_knobs["threads"] = base_opts[knobs["threads"]]
+    # A server's baseline: one request in flight (its batch of one), unless asked otherwise.
+    if "concurrency" in knobs and knobs["concurrency"] not in user:
+        base_opts[knobs["concurrency"]] = "1"
+    if "concurrency" in knobs:
+        base_knobs["concurrency"] = base_opts[knobs["concurrency"]]
     runner = _Runner(pin=pin, load=load, name=engine_name, progress=progress)
     prompts = prompt_inputs(pin)
     try:
@@ -224,15 +231,19 @@ def _cell(
 
     if cell == "repeat":
         return free_cell(Schedule("repeat", {}, "the baseline again"), base, prompts, step)
-    if cell == "batch":
-        other = 1 if step > 1 else min(plan.batch, n)
-        what = f"{other} prompt(s) per batch against the baseline's {step}"
-        schedule = Schedule("batch", {"batch_size": other}, what)
-        if "batch_size" not in knobs:
-            return not_run(schedule, "the engine states no batch_size knob")
-        if other == step:
-            return not_run(schedule, f"the pin has {n} prompt(s): no other batch size to run")
-        return free_cell(schedule, with_knob("batch_size", other), prompts, other)
+    if cell in ("batch", "concurrency"):
+        # Many against one, or one where the baseline already runs many: prompts per batch,
+        # or a server's requests in flight (it forms its batches from what is in flight).
+        knob = "batch_size" if cell == "batch" else "concurrency"
+        now = step if cell == "batch" else int(base.get(knobs.get(knob, ""), "1"))
+        other = 1 if now > 1 else min(plan.batch, n)
+        unit = "prompt(s) per batch" if cell == "batch" else "request(s) in flight"
+        schedule = Schedule(cell, {knob: other}, f"{other} {unit} against the baseline's {now}")
+        if knob not in knobs:
+            return not_run(schedule, f"the engine states no {knob} knob")
+        if other == now:
+            return not_run(schedule, f"the pin has {n} prompt(s): no other {knob} to run")
+        return free_cell(schedule, with_knob(knob, other), prompts, other)
     if cell == "max_num_seqs":
         schedule = Schedule("max_num_seqs", {"max_num_seqs": plan.batch}, f"at most {plan.batch} sequences a step")
         if "max_num_seqs" not in knobs:

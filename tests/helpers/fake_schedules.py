@@ -9,6 +9,10 @@ schedule knobs declared (`schedule_knobs`, gate.core.engine).
   leader was less than that far ahead.
 - `JitterFake`: logits that move a little on every call: on every other generation of a
   prompt the runner-up's logit gains 0.3 nats.
+- `ServerFake`: a toy server client with the concurrency knob: the runner hands it
+  `concurrency` prompts per generate call (requests in flight); with `crowd=true` the
+  runner-up's logit gains 0.5 nats whenever more than one request is in flight (a server
+  whose batched kernels differ from its one-request ones).
 - `BadKnobFake`: declares a knob outside gate's vocabulary (an engine error).
 """
 
@@ -55,6 +59,28 @@ class JitterFake(KnobbedFake):
             out.extend(super().generate([p], top_k))
         self.opts["second_bias"] = 0.0
         return out
+
+
+class ServerFake(FakeEngine):
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"concurrency": "concurrency"}
+    CROWD_BIAS = 0.5
+
+    def __init__(self, model: str, **options: Any) -> None:
+        given = dict(options)
+        self.concurrency = int(options.pop("concurrency", 4))
+        self.crowd = options.pop("crowd", "false") == "true"
+        super().__init__(model, **options)
+        FakeEngine.history[-1] = ("load", (model, given))
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        self.opts["second_bias"] = self.CROWD_BIAS if self.crowd and len(prompts) > 1 else 0.0
+        out: list[PromptRecord] = []
+        try:
+            for p in prompts:
+                out.extend(super().generate([p], top_k))
+            return out
+        finally:
+            self.opts["second_bias"] = 0.0
 
 
 class BadKnobFake(FakeEngine):
