@@ -328,7 +328,9 @@ def judged(v: Variant, result: Any) -> tuple[bool, str]:
     if v.expect == "defect":
         return (defects > 0, f"caught {defects}d" if defects else "MISSED")
     if v.expect == "no_defect":
-        return (defects == 0, "ratified" if defects == 0 else f"FAIL {defects}d")
+        # The token rule's expectation; a bias beyond the honest floor is said beside it.
+        beyond = result.distribution is not None and result.distribution.beyond
+        return (defects == 0, f"FAIL {defects}d" if defects else ("0d, dist." if beyond else "ratified"))
     if v.expect == "exact_ties":
         high = sum(1 for d in result.divergences if d.tie_break == "higher_id")
         return (high > 0, f"caught {high}t" if high else "MISSED")
@@ -465,7 +467,8 @@ def print_table(out: Path) -> int:
     print("evidence rule's units (the bf16 step at max(|top logit|, 16)): u_o the oracle's gap at a flip, u_c the")
     print("candidate's own margin for its token there, drift the median and p90 of |swing| of the top-1-minus-top-2")
     print("difference over the positions sharing the oracle's context. Cells: pass / FAIL Nd (N defects) for honest")
-    print("variants; for mutants what the self-test expects (caught Nd defects, Nt higher-id exact ties, ratified).")
+    print("variants; for mutants what the self-test expects (caught Nd defects, Nt higher-id exact ties, ratified;")
+    print("`0d, dist.`: no defect, as the one-step mutant expects, but its distribution beyond the honest floor).")
     print("fp32 sides w/ cand.: of the run's flips, how many the same weights in float32 over the oracle's context")
     print("put the candidate's token ahead of (or level with) the oracle's (- : another pin's context, or not run).")
     print("Realistic candidates (real-*): caught Nd = not a pass (exit 1) with N defects, `dist.` where the")

@@ -170,13 +170,14 @@ def test_a_mutant_caught_by_the_floor_alone_is_caught_not_missed() -> None:
     assert "reported divergences" not in why
 
 
-def test_a_within_doctrine_mutant_beyond_the_floor_is_not_as_expected() -> None:
-    """The one-step mutant must come out ratified: a floor fail contradicts that."""
+def test_a_mutant_within_the_token_rule_but_beyond_the_floor_says_both() -> None:
+    """The one-step mutant's expectation is about its token classes (no defect); a
+    systematic one-step bias can also be beyond the honest floor, and the why says so."""
     from gate.core.verdict.result import GateResult
 
     failed = GateResult(doctrine=GRID_DOCTRINE, prompts=(), divergences=(), distribution=_beyond_the_floor())
     _, met, why = judge("no_defect", 0, failed)
-    assert not met and "distribution" in why
+    assert not met and "distribution" in why  # nothing changed: the expectation was not exercised
 
 
 def test_exact_top2_ties_counts_bit_equal_pairs(tiny_pin: tuple[Path, Path]) -> None:

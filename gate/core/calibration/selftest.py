@@ -273,9 +273,11 @@ def judge(expect: str, changed: int, result: GateResult) -> tuple[str, bool, str
         )
         return CAUGHT, ok, why
     if expect == EXPECT_NO_DEFECT:
-        ok = DEFECT not in classes and not beyond
+        # The expectation is the token classes': a systematic one-step bias may also be
+        # beyond the honest floor, which the why then says (a catch, not a miss).
+        ok = DEFECT not in classes
         why = (
-            f"all {reported} changes are within the doctrine ({_classes(c)})"
+            f"all {reported} changes are within the doctrine's token rule ({_classes(c)}){floor_note}"
             if ok
             else f"expected ties and near ties only, found {_classes(c)}{floor_note}"
         )
