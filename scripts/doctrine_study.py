@@ -275,7 +275,7 @@ def _fp32_opinion(v: Variant, pin: Any, out: Path, meta: dict[str, Any], t0: flo
         info = engine.info()
     finally:
         engine.close()
-    trace = Trace(header=candidate_header(pin, info, 0), records=tuple(records), path="<fp32>")
+    trace = Trace(header=candidate_header(pin, info, pin.top_k), records=tuple(records), path="<fp32>")
     meta["engine"] = info
     meta["seconds"] = round(time.time() - t0, 1)
     write_trace(out / f"{v.name}.jsonl", trace, overwrite=True)
