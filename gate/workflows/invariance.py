@@ -234,16 +234,16 @@ def _cell(
     if cell in ("batch", "concurrency"):
         # Many against one, or one where the baseline already runs many: prompts per batch,
         # or a server's requests in flight (it forms its batches from what is in flight).
-        knob = "batch_size" if cell == "batch" else "concurrency"
-        now = step if cell == "batch" else int(base.get(knobs.get(knob, ""), "1"))
+        size_knob = "batch_size" if cell == "batch" else "concurrency"
+        now = step if cell == "batch" else int(base.get(knobs.get(size_knob, ""), "1"))
         other = 1 if now > 1 else min(plan.batch, n)
         unit = "prompt(s) per batch" if cell == "batch" else "request(s) in flight"
-        schedule = Schedule(cell, {knob: other}, f"{other} {unit} against the baseline's {now}")
-        if knob not in knobs:
-            return not_run(schedule, f"the engine states no {knob} knob")
+        schedule = Schedule(cell, {size_knob: other}, f"{other} {unit} against the baseline's {now}")
+        if size_knob not in knobs:
+            return not_run(schedule, f"the engine states no {size_knob} knob")
         if other == now:
-            return not_run(schedule, f"the pin has {n} prompt(s): no other {knob} to run")
-        return free_cell(schedule, with_knob(knob, other), prompts, other)
+            return not_run(schedule, f"the pin has {n} prompt(s): no other {size_knob} to run")
+        return free_cell(schedule, with_knob(size_knob, other), prompts, other)
     if cell == "max_num_seqs":
         schedule = Schedule("max_num_seqs", {"max_num_seqs": plan.batch}, f"at most {plan.batch} sequences a step")
         if "max_num_seqs" not in knobs:
