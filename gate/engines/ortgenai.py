@@ -149,18 +149,17 @@ class OrtGenAIEngine:
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
         for p in prompts:
             check_prompt_ids(p.id, p.prompt_token_ids, self.vocab_size)
-        size = len(prompts) if self.options["batch_size"] == 0 else int(self.options["batch_size"])
-        done: dict[int, PromptRecord] = {}
+        size = max(1, len(prompts) if self.options["batch_size"] == 0 else int(self.options["batch_size"]))
         # A prompt ending with the pad id would lose that token as padding: it runs alone.
         together = [
-            i for i, p in enumerate(prompts) if p.max_tokens > 0 and p.prompt_token_ids[-1:] != (self.pad_token_id,)
+            i
+            for i, p in enumerate(prompts)
+            if size > 1 and p.max_tokens > 0 and p.prompt_token_ids[-1:] != (self.pad_token_id,)
         ]
-        if size <= 1:
-            together = []
-        for start in range(0, len(together), max(size, 1)):
-            group = [prompts[i] for i in together[start : start + size]]
-            for i, rec in zip(together[start : start + size], self._generate_batch(group, top_k), strict=True):
-                done[i] = rec
+        done: dict[int, PromptRecord] = {}
+        for start in range(0, len(together), size):
+            group = together[start : start + size]
+            done.update(zip(group, self._generate_batch([prompts[i] for i in group], top_k), strict=True))
         return [done[i] if i in done else self._generate_one(p, top_k) for i, p in enumerate(prompts)]
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
@@ -169,7 +168,7 @@ class OrtGenAIEngine:
         chosen: list[int] = []
         tops: list[Pairs] = []
         if token_ids:
-            gen = self._generator(prompt_token_ids, len(token_ids))
+            gen = self._generator([prompt_token_ids], len(prompt_token_ids) + len(token_ids))
             for i, fed in enumerate(token_ids):
                 token, top = self._step(gen, i, top_k)
                 chosen.append(token)
@@ -204,11 +203,12 @@ class OrtGenAIEngine:
 
     # ------------------------------------------------------------------ the decode loop
 
-    def _generator(self, prompt_ids: Sequence[int], max_new: int) -> Any:
+    def _generator(self, rows: Sequence[Sequence[int]], max_length: int) -> Any:
+        """A greedy generator over `rows` (one per sequence, of equal length), prompts appended."""
         params = og.GeneratorParams(self.model)
-        params.set_search_options(do_sample=False, max_length=len(prompt_ids) + max_new, batch_size=1)
+        params.set_search_options(do_sample=False, max_length=max_length, batch_size=len(rows))
         gen = og.Generator(self.model, params)
-        gen.append_tokens(np.array([list(prompt_ids)], dtype=np.int32))
+        gen.append_tokens(np.array([list(r) for r in rows], dtype=np.int32))
         return gen
 
     def _step(self, gen: Any, position: int, top_k: int) -> tuple[int, Pairs | None]:
@@ -220,16 +220,14 @@ class OrtGenAIEngine:
         return token, top
 
     def _generate_batch(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
-        """Up to `batch_size` prompts in one generator, right-padded (see the module doc)."""
-        if len(prompts) == 1:
-            return [self._generate_one(prompts[0], top_k)]
+        """Up to `batch_size` prompts in one generator, right-padded (see the module doc);
+        a batch of one is the one-prompt loop."""
+        longest = max(p.max_tokens for p in prompts)
+        if longest <= 0:
+            return [greedy_record(p, [], [] if top_k > 0 else None, "length", self.decode_tokens([])) for p in prompts]
         width = max(len(p.prompt_token_ids) for p in prompts)
         rows = [[*p.prompt_token_ids, *[self.pad_token_id] * (width - len(p.prompt_token_ids))] for p in prompts]
-        params = og.GeneratorParams(self.model)
-        longest = max(p.max_tokens for p in prompts)
-        params.set_search_options(do_sample=False, max_length=width + longest, batch_size=len(prompts))
-        gen = og.Generator(self.model, params)
-        gen.append_tokens(np.array(rows, dtype=np.int32))
+        gen = self._generator(rows, width + longest)
         ids: list[list[int]] = [[] for _ in prompts]
         tops: list[list[Pairs]] = [[] for _ in prompts]
         finish = ["length"] * len(prompts)
@@ -255,23 +253,7 @@ class OrtGenAIEngine:
         ]
 
     def _generate_one(self, prompt: PromptInput, top_k: int) -> PromptRecord:
-        ids: list[int] = []
-        tops: list[Pairs] = []
-        finish = "length"
-        if prompt.max_tokens > 0:
-            gen = self._generator(prompt.prompt_token_ids, prompt.max_tokens)
-            for i in range(prompt.max_tokens):
-                token, top = self._step(gen, i, top_k)
-                ids.append(token)
-                if top is not None:
-                    tops.append(top)
-                if token in self.stop_ids:
-                    finish = "stop"
-                    break
-                if gen.is_done():
-                    break
-        texts = self.decode_tokens(ids)
-        return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts)
+        return self._generate_batch([prompt], top_k)[0]
 
 
 def _version(metadata: Any, dist: str) -> str | None:
