@@ -221,5 +221,5 @@ def test_default_model_hf_passes_and_the_highest_id_rule_is_caught(tmp_path: Pat
     exact = [d for d in rep["divergences"] if d["class"] == "exact_tie"]
     assert exact and {d["tie_break"] for d in exact} == {"higher_id"}
     numpy = {(d["position"], d["oracle_token"], d["candidate_token"]) for d in exact if d["prompt_id"] == "code-numpy"}
-    assert (1, 198, 2017) in numpy  # "\n" vs "import", the measured tie
+    assert (1, 198, 2017) in numpy  # "\n" vs "import", a measured tie
     assert rep["counts"]["exact_ties"] > plain["counts"]["exact_ties"]

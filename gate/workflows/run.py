@@ -1,7 +1,7 @@
 """The run: one pipeline from a pin and an engine to a `GateResult`.
 
 `gate run`, goldens, the self-test, calibration and `pin record` all drive engines
-through it. The order is the issue's:
+through it. In order:
 1. plan: the candidate's tokenizer must reproduce the pinned prompt token ids, and its
    provenance (weights and tokenizer hashes) must match the pin's where both are known;
    a shard or a resumed run narrows the prompts;
