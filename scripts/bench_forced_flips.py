@@ -1,4 +1,4 @@
-"""How `compare` scales with the number of forced flips (issue 17: every forced divergence
+"""How `compare` scales with the number of forced flips (every forced divergence once
 re-validated the record's whole forced list, quadratic time).
 
     python scripts/bench_forced_flips.py [--pairs 500] [--flips 400]

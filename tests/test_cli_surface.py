@@ -101,7 +101,7 @@ def test_every_install_hint_names_extras_that_exist() -> None:
 
 def test_every_install_line_in_the_docs_uses_the_distribution_name() -> None:
     extras = _extras()
-    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+    for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
         text = doc.read_text()
         assert not re.search(r"pip install[^\n`]*'gate\[", text), doc
         assert not re.search(r"`gate\[", text), doc

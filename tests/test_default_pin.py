@@ -162,7 +162,7 @@ def test_default_pin_is_committed_with_exact_ties() -> None:
     # Raw logits ride along (record_logits), so the pin's ULP doctrine can apply.
     assert all(len(r.extra["token_logits"]) == len(r.token_ids) for r in pin.trace.records)
     evidence = {"oracle_ulps": 4, "candidate_ulps": 2, "drift_ulps": 2, "floor_logit": 16}
-    floor = pin.settings.doctrine["floor"]  # the distribution verdict's honest floor (docs/doctrine.md)
+    floor = pin.settings.doctrine["floor"]  # the distribution verdict's honest floor (docs/reference/doctrine.md)
     assert floor["margin"] > 1 and floor["kl_mean_mnats"] > 0 and "doctrine study" in floor["measured_by"]
     assert pin.settings.doctrine == {"near_tie_ulps": 2, "evidence": evidence, "floor": floor}
     # ... and the pin trace carries it, with the hardware that recorded it.
@@ -221,5 +221,5 @@ def test_default_model_hf_passes_and_the_highest_id_rule_is_caught(tmp_path: Pat
     exact = [d for d in rep["divergences"] if d["class"] == "exact_tie"]
     assert exact and {d["tie_break"] for d in exact} == {"higher_id"}
     numpy = {(d["position"], d["oracle_token"], d["candidate_token"]) for d in exact if d["prompt_id"] == "code-numpy"}
-    assert (1, 198, 2017) in numpy  # "\n" vs "import", the measured tie
+    assert (1, 198, 2017) in numpy  # "\n" vs "import", a measured tie
     assert rep["counts"]["exact_ties"] > plain["counts"]["exact_ties"]

@@ -1,4 +1,4 @@
-"""The distribution verdict (issue 17 item 4): KL over the common top-k, same top, Δp, by
+"""The distribution verdict: KL over the common top-k, same top, Δp, by
 class, the pin's floor, and what the reports say. Hand-built traces; no engine, no torch."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The documentation matches the code: docs/trace-format.md names every field gate writes
+"""The documentation matches the code: docs/reference/trace-format.md names every field gate writes
 in a trace, and the engine tables name every built-in engine."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from gate.core.verdict.doctrine import DOCTRINE_FIELDS, Evidence
 from gate.engines.registry import BUILTIN
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE_FORMAT = (ROOT / "docs" / "trace-format.md").read_text()
+TRACE_FORMAT = (ROOT / "docs" / "reference" / "trace-format.md").read_text()
 
 
 def first_two(path: Path) -> tuple[dict[str, object], dict[str, object]]:
@@ -53,7 +53,7 @@ def test_trace_format_names_every_field_the_engines_and_workflows_add() -> None:
 
 
 def test_the_engine_tables_name_every_built_in_engine() -> None:
-    engines = (ROOT / "docs" / "engines.md").read_text()
+    engines = (ROOT / "docs" / "reference" / "engines.md").read_text()
     table = [line for line in engines.splitlines() if line.startswith("| `")]
     listed = {line.split("`")[1] for line in table}
     assert set(BUILTIN) <= listed, set(BUILTIN) - listed

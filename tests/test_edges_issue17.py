@@ -1,4 +1,4 @@
-"""Issue 17's edges: an output that is one of the inputs is refused by file identity (also
+"""Edges of the file rules: an output that is one of the inputs is refused by file identity (also
 through a symlink or a hard link), before anything is written, for every command that
 writes one; the whole trace file has a memory budget, not only each line."""
 

@@ -46,7 +46,7 @@ def engine(url: str) -> Iterator[OpenAIEngine]:
 
 
 def test_token_ids_to_a_text_server_are_refused_once_with_what_it_said(url: str) -> None:
-    # The first try: this server takes no token-id prompt, and says so with a 500.
+    # The first thing a user tries: this server takes no token-id prompt, and says so with a 500.
     eng = OpenAIEngine(DEFAULT_MODEL, base_url=url, backoff="30")
     try:
         with pytest.raises(EngineError) as info:

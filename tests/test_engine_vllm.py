@@ -55,7 +55,7 @@ MOE = {"layers": [0, 1], "top_k": 2, "num_experts": 4}
 
 
 def trace(role: str, records: Sequence[PromptRecord], name: str) -> Trace:
-    """The engines record the tiny MoE's routing (docs/moe-routing.md): the header says how."""
+    """The engines record the tiny MoE's routing (docs/guides/moe-routing.md): the header says how."""
     return Trace(
         TraceHeader(role, "tiny-qwen3-moe", TOP_K, {"name": name, "version": "test"}, {"moe": MOE}), tuple(records)
     )

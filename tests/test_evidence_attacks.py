@@ -1,4 +1,4 @@
-"""Issue 17's hostile candidates against the default pin, through `gate compare` (pure: no
+"""Hostile candidates against the default pin, through `gate compare` (pure: no
 engine, no torch). Each was ratified (or accepted) before the rule it tests existed; each
 must now be exit 1 (a verdict) or 2 (bad input) as its kind requires, while the honest
 copies built the same way still pass.

@@ -1,4 +1,4 @@
-"""Hypothesis properties of the evidence rule (issue 17 item 7): monotone in each limit,
+"""Hypothesis properties of the evidence rule: monotone in each limit,
 never ratifying beyond its bounds, less evidence never ratifying more, a negative reported
 margin never earning an allowance. Pure: `classify` on generated positions."""
 

@@ -415,7 +415,7 @@ def test_check_passes_when_nothing_moved(toy: dict[str, Any]) -> None:
 
 
 def test_proof_goldens_of_the_highest_id_rule_move_only_at_the_oracles_exact_ties(toy: dict[str, Any]) -> None:
-    """The issue's proof, on the toy engine: record under tie_break=highest, check under the
+    """The proof, on the toy engine: record under tie_break=highest, check under the
     lowest-id rule. Each prompt moves exactly at its first exact tie in the pin, from the
     higher id to the oracle's, labelled a tie-break; prompts without a tie do not move."""
     assert goldens(toy, "record", "--engine-opt", "tie_break=highest").exit_code == 0
@@ -703,7 +703,7 @@ def successor_pin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 def test_proof_goldens_of_the_highest_id_rule_move_only_at_the_vllm_pins_exact_ties(
     successor_pin: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """The issue's proof with the HF engine and a pin recorded by vLLM: record goldens under
+    """The proof with the HF engine and a pin recorded by vLLM: record goldens under
     tie_break=highest, switch to the lowest-id rule, and `gate goldens check` reports a move
     exactly at each prompt's first exact tie in the pin, "was recording a tie-break", and
     no other move. The other direction (goldens of the lowest-id rule, checked under the

@@ -1,4 +1,4 @@
-"""Issue 11: contradictory or hostile input never passes, and the CLI's edges.
+"""Contradictory or hostile input never passes, and the CLI's edges.
 
 Each test here failed before its fix (RED first). Traces are the valid pair of
 test_bad_input with one thing changed; the command runs through the real `main()`.
@@ -399,7 +399,7 @@ def test_a_shard_option_with_a_huge_count_is_refused() -> None:
 
 
 def test_a_line_that_would_cost_gigabytes_of_memory_is_refused_unparsed(files: Files) -> None:
-    # The issue's case: 99 MB of nested empty lists took 3.2 GB to parse.
+    # A case seen: 99 MB of nested empty lists took 3.2 GB to parse.
     line = b'{"id":"p1","prompt_token_ids":[1,2,3],"token_ids":[5,6],"junk":[' + b"[]," * 33_000_000 + b"[]]}"
     for last in (b"\n", b""):  # the last line, without its newline, goes another way
         o, c = files(None, _lines_bytes(candidate_lines()[:2], 2, line)[:-1] + last)

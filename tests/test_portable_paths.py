@@ -1,4 +1,4 @@
-"""No header names the recording machine's folders (issue 11, item 12).
+"""No header names the recording machine's folders.
 
 Pins, candidate traces and goldens are committed and shared: a path in their headers is
 said relative to gate's cache (`$GATE_CACHE/models/...`), the working folder or gate's

@@ -151,7 +151,7 @@ def test_markdown_tables_survive_hostile_text(mixed: GateResult) -> None:
 )
 def test_markdown_never_renders_a_token_as_a_link_or_image(mixed: GateResult, text: str) -> None:
     """A CI job summary shows the Markdown report: a candidate's token text must stay text
-    (issue 17: `![..](https://...)` rendered as a live image)."""
+    (`![..](https://...)` once rendered as a live image)."""
     tie = next(d for d in mixed.divergences if d.cls == EXACT_TIE)
     hostile = replace(tie, oracle_text=text, candidate_text=text, prompt_id=text)
     md = render_markdown(replace(mixed, divergences=(hostile, *mixed.divergences[1:])))

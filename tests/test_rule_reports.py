@@ -1,4 +1,4 @@
-"""Issue 19 item 3: every divergence says which rule decided it, in every report, and the
+"""Every divergence says which rule decided it, in every report, and the
 HTML histogram is coloured by the verdict's class against the doctrine's own threshold."""
 
 from __future__ import annotations

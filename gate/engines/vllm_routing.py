@@ -1,4 +1,4 @@
-"""Recording vLLM's own MoE routing on CPU (docs/moe-routing.md).
+"""Recording vLLM's own MoE routing on CPU (docs/guides/moe-routing.md).
 
 vLLM 0.32 can return routed experts (`enable_return_routed_experts`,
 `CompletionOutput.routed_experts`), but only through Model Runner V2, which needs Triton,

@@ -1,4 +1,4 @@
-"""How every report words MoE routing (docs/moe-routing.md): one line per routing flip, one
+"""How every report words MoE routing (docs/guides/moe-routing.md): one line per routing flip, one
 line for the run. Pure: strings from the core's records."""
 
 from __future__ import annotations

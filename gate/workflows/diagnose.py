@@ -149,7 +149,7 @@ def check_capturable(cls: type, name: str) -> None:
     if capture_kind(cls) is None:
         raise InputError(
             f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine), "
-            "llamacpp and vllm; docs/diagnose.md says what ortgenai would need"
+            "llamacpp and vllm; docs/guides/diagnose.md says what ortgenai would need"
         )
 
 

@@ -164,7 +164,7 @@ def force_along(
                 f"engine {name!r}: force returned {len(fd.token_ids)} choices for {len(o.token_ids)} oracle tokens "
                 f"(prompt {pid!r})"
             )
-        # MoE: the candidate's routing on the oracle's tokens (docs/moe-routing.md).
+        # MoE: the candidate's routing on the oracle's tokens (docs/guides/moe-routing.md).
         routing = {k: v for k, v in fd.extra.items() if k in (FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP)}
         extra: dict[str, Any] = {**c.extra, "forced_mode": fd.mode, **routing}
         if fd.top_logprobs is not None and len(fd.top_logprobs) == len(o.token_ids):

@@ -25,7 +25,7 @@ from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.floor import Floor
 from gate.workflows.engine_calls import engine_call, force_along, generate
 
-# The factor a run may exceed the honest floor by (the doctrine study's margin: docs/doctrine.md).
+# The factor a run may exceed the honest floor by (the doctrine study's margin: docs/reference/doctrine.md).
 DEFAULT_MARGIN = 1.5
 
 

@@ -1,7 +1,7 @@
 """The run: one pipeline from a pin and an engine to a `GateResult`.
 
 `gate run`, goldens, the self-test, calibration and `pin record` all drive engines
-through it. The order is the issue's:
+through it. In order:
 1. plan: the candidate's tokenizer must reproduce the pinned prompt token ids, and its
    provenance (weights and tokenizer hashes) must match the pin's where both are known;
    a shard or a resumed run narrows the prompts;
@@ -128,7 +128,7 @@ def candidate_header(pin: Pin, info: Mapping[str, Any], top_k: int) -> TraceHead
         "pin_suite_sha256": pin.suite.sha256,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    if isinstance(engine.get("moe"), dict):  # MoE routing recorded (docs/moe-routing.md)
+    if isinstance(engine.get("moe"), dict):  # MoE routing recorded (docs/guides/moe-routing.md)
         extra["moe"] = engine.pop("moe")
     return TraceHeader(role="candidate", model=pin.model, top_k=top_k, engine=engine, extra=extra)
 
@@ -313,7 +313,7 @@ def gate_run(
         run_engine = GuardedEngine(engine, timeout=plan.timeout, vocab_size=vocab)
         check_prompt_tokens(run_engine, pin)
     replay = getattr(engine, "replay_routing", None)
-    if callable(replay):  # MoE: the engine may route as the oracle did (docs/moe-routing.md)
+    if callable(replay):  # MoE: the engine may route as the oracle did (docs/guides/moe-routing.md)
         replay(oracle_routing(pin.trace))
     top_k = pin.top_k
     header = candidate_header(whole, info, top_k)  # the whole suite's hash: shards merge back into it

@@ -1,5 +1,5 @@
 """Candidate traces built from the default pin in pure Python (no engine, no torch): honest
-copies, and the hostile candidates of issue 17 (a sampler not greedy over its own lists, a
+copies, and the hostile candidates (a sampler not greedy over its own lists, a
 bias confined to late positions or some prompts, less evidence at the flips, malformed
 forced lists).
 

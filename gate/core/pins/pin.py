@@ -284,7 +284,7 @@ def oracle_header(
     `gate.workflows.provenance.software_environment` reads them; the core reads no platform).
     Paths are said without this machine's folders (`gate.core.storage.files.portable`)."""
     engine = portable(dict(info))
-    moe = engine.pop("moe", None)  # MoE routing recorded: a header block (docs/moe-routing.md)
+    moe = engine.pop("moe", None)  # MoE routing recorded: a header block (docs/guides/moe-routing.md)
     engine.setdefault("name", settings.engine)
     engine.setdefault("version", software.get("engine_version") or "unknown")
     extra: dict[str, Any] = {

@@ -89,7 +89,7 @@ def gate_cache_dir() -> Path:
 
 # --------------------------------------------------------------------------- portable paths
 
-# How a header says where a file lay, without the machine's folders (docs/trace-format.md).
+# How a header says where a file lay, without the machine's folders (docs/reference/trace-format.md).
 CACHE_MARK = "$GATE_CACHE"  # gate's cache folder (`gate_cache_dir()`)
 HOME_MARK = "~"
 ELIDED = "..."  # a folder elsewhere: only the file's own name is kept

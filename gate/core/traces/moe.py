@@ -1,4 +1,4 @@
-"""MoE routing in traces (an addition to trace v1; docs/moe-routing.md): the header's `moe`
+"""MoE routing in traces (an addition to trace v1; docs/guides/moe-routing.md): the header's `moe`
 block, the optional record fields that carry routing, and their validation.
 
 Pure: numpy and the error types only (no torch, no other core module), so the trace

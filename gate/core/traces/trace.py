@@ -478,7 +478,7 @@ def _parse_header(name: str, lineno: int, obj: Any) -> TraceHeader:
         if not isinstance(engine.get(key), str):
             raise TraceError(name, lineno, f"engine.{key}", "missing or not a string")
     extra = {k: v for k, v in obj.items() if k not in _HEADER_KEYS}
-    if "moe" in extra:  # MoE routing (docs/moe-routing.md): absent for dense models
+    if "moe" in extra:  # MoE routing (docs/guides/moe-routing.md): absent for dense models
         parse_moe_header(name, lineno, extra["moe"])
     return TraceHeader(role=role, model=model, top_k=top_k, engine=engine, extra=extra)
 

@@ -1,4 +1,4 @@
-"""Routing attribution: which divergences an MoE router flip explains (docs/moe-routing.md).
+"""Routing attribution: which divergences an MoE router flip explains (docs/guides/moe-routing.md).
 
 Pure: numpy over the traces' routing fields, no torch, no I/O.
 
