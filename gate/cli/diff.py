@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from gate.cli import options
 
-# A JSON report is a few MB at most; anything far larger is not one.
-MAX_REPORT_BYTES = 256 * 1024 * 1024
-
+REPORT = "gate JSON report (`gate run --format json`)"
 EXIT_CODES_DIFF = (
     "Exit codes: 0 NEW is not worse than BASE; 1 NEW is worse (a new defect, a prompt no longer ratified, the "
     "distribution beyond the pin's floor, a failing verdict where BASE passed); 2 the reports are unreadable or "
@@ -27,34 +25,16 @@ class DiffFormat(StrEnum):
     markdown = "markdown"
 
 
-def read_report_file(path: Path) -> Any:
-    """The decoded JSON of a report file; an InputError names the file."""
-    import orjson
-
-    from gate.errors import InputError
-
-    try:
-        size = path.stat().st_size
-        if size > MAX_REPORT_BYTES:
-            raise InputError(f"{path}: {size} bytes: too large for a gate JSON report")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the report: {exc.strerror or exc}") from None
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"{path}: not JSON ({exc}); pass reports written by `gate run --format json`") from None
-
-
 def diff_files(*, base: Path, new: Path, fmt: str, output: Path | None, force: bool) -> int:
     from gate.cli.output import emit, refuse_overwrite
+    from gate.core.storage.json_file import read_json
     from gate.core.verdict.diff import diff_reports, parse_report
     from gate.reports import check_format
 
     fmt = check_format("ReportDiff", fmt)
     refuse_overwrite(force, (output, "--output"), inputs=(base, new))
     result = diff_reports(
-        parse_report(read_report_file(base), str(base)), parse_report(read_report_file(new), str(new))
+        parse_report(read_json(base, what=REPORT), str(base)), parse_report(read_json(new, what=REPORT), str(new))
     )
     emit(result, fmt, output, force=force)
     return result.exit_code

@@ -110,3 +110,26 @@ def failure_reason(result: GateResult) -> str:
             f"allow: {', '.join(map(repr, diverged[:5]))}"
         )
     return f"{verdict} (exit {result.exit_code})"
+
+
+def gate_engine_named(
+    engine: str,
+    options: dict[str, str] | None = None,
+    *,
+    model: str | None = None,
+    model_path: str | None = None,
+    pins_dir: str | os.PathLike[str] | None = None,
+    strict: bool = False,
+    overrides: Overrides | None = None,
+) -> RunOutcome:
+    """Load the engine `engine` (a built-in name, an entry point or `module:Class`) for the
+    pin's model (or the weights at `model_path`), gate it as `gate run --engine` does, close it."""
+    from gate.engines.registry import load_engine
+    from gate.workflows.engine_calls import open_engine
+
+    flags = (overrides or Overrides()).to_dict()
+    apply_overrides({}, flags)
+    pin = load_pin(model or default_model(), Path(pins_dir) if pins_dir is not None else None)
+    doctrine = doctrine_for(pin, flags, strict=strict)
+    with open_engine(lambda: load_engine(engine, model_path or pin.model, options or {}), engine) as loaded:
+        return gate_against_pin(loaded, pin, doctrine)

@@ -140,7 +140,7 @@ class ReportDiff:
             figures = "; ".join(n.beyond_figures) or "see the report"
             out.append(f"the distribution crossed the pin's floor ({figures})")
         if self.verdict_failed:
-            out.append(f"the verdict went from {self.base.verdict} to {self.new.verdict}")
+            out.append(f"the verdict went from {_words(self.base.verdict)} to {_words(self.new.verdict)}")
         return tuple(out)
 
     @property
@@ -158,7 +158,8 @@ class ReportDiff:
             f"{plural(len(self.class_changes), 'class change', 'class changes')}",
         ]
         head = "worse" if self.worse else "not worse"
-        return f"gate diff: {head}: {', '.join(parts)} (verdict {self.base.verdict} → {self.new.verdict})"
+        verdicts = f"{_words(self.base.verdict)} → {_words(self.new.verdict)}"
+        return f"gate diff: {head}: {', '.join(parts)} (verdict {verdicts})"
 
     def to_dict(self) -> dict[str, Any]:
         def figures(f: ReportFigures | None) -> dict[str, Any] | None:
@@ -210,6 +211,11 @@ class ReportDiff:
             },
             "notes": list(self.notes),
         }
+
+
+def _words(verdict: str) -> str:
+    """`strict_pass` as `strict pass`: a verdict said in words."""
+    return verdict.replace("_", " ")
 
 
 # --------------------------------------------------------------------------- comparing
