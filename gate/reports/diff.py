@@ -48,6 +48,8 @@ def figure_rows(diff: ReportDiff) -> list[tuple[str, str, str]]:
         ("same top", get(b, lambda f: f.same_top_rate, _rate), get(n, lambda f: f.same_top_rate, _rate)),
     ]
     rows = [r for r in picks if r[1:] != ("—", "—")]
+    if not rows:
+        return []
 
     def floor(f: ReportFigures | None) -> str:
         if f is None:
@@ -111,10 +113,10 @@ def render_diff_markdown(diff: ReportDiff) -> str:
                 "</details>",
             ]
         lines += [f"**{heading}** ({len(rows)})", "", *shown, ""]
-    rows = figure_rows(diff)
-    if rows:
+    figures = figure_rows(diff)
+    if figures:
         lines += ["| distribution | base | new |", "|---|---|---|"]
-        lines += [f"| {f} | {cell(x)} | {cell(y)} |" for f, x, y in rows]
+        lines += [f"| {f} | {cell(x)} | {cell(y)} |" for f, x, y in figures]
         lines.append("")
     lines += [f"> {text_cell(note)}" for note in diff.notes]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -124,28 +126,31 @@ def render_diff_markdown(diff: ReportDiff) -> str:
 
 
 def print_diff(diff: ReportDiff, console: Console) -> None:
-    style = "bold red" if diff.worse else "bold green"
-    console.print(Text(diff.summary, style=style))
+    def line(text: str, style: str = "") -> None:
+        # Every line whole (soft wrap): a line of the diff is one finding, found by grep.
+        console.print(Text(text, style=style), soft_wrap=True)
+
+    line(diff.summary, "bold red" if diff.worse else "bold green")
     for label, report in (("base", diff.base), ("new", diff.new)):
-        console.print(Text(f"{label}: {report.path}: {VERDICT_LABELS.get(report.verdict, report.verdict)}"))
+        line(f"{label}: {report.path}: {VERDICT_LABELS.get(report.verdict, report.verdict)}")
         if report.summary:
-            console.print(Text(f"  {report.summary}"))
+            line(f"  {report.summary}")
     for w in diff.worse:
-        console.print(Text(f"worse: {w}", style="red"))
-    for heading, rows in sections(diff):
-        console.print(Text(f"{heading} ({len(rows)})", style="bold"))
-        for r in rows:
-            console.print(Text(f"  {r}"))
-    rows = figure_rows(diff)
-    if rows:
+        line(f"worse: {w}", "red")
+    for heading, items in sections(diff):
+        line(f"{heading} ({len(items)})", "bold")
+        for item in items:
+            line(f"  {item}")
+    figures = figure_rows(diff)
+    if figures:
         table = Table(title="Distribution", title_justify="left")
         for col in ("figure", "base", "new"):
             table.add_column(col)
-        for row in rows:
+        for row in figures:
             table.add_row(*row)
         console.print(table)
     for note in diff.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        line(f"note: {note}", "dim")
 
 
 def render_diff_text(diff: ReportDiff, *, width: int = TEXT_WIDTH) -> str:
