@@ -120,6 +120,31 @@ def test_strict(gate_check):
     r.stdout.fnmatch_lines(["*ratified pass under strict: 1 prompt(s) diverge only by ties*"])
 
 
+def test_an_engine_object_of_the_plugin_contract(pytester: pytest.Pytester, traces: dict[str, object]) -> None:
+    # The plugin example (tests/plugin_example) is a complete engine that replays a trace:
+    # gate drives it (free run; it has no forced decode) exactly as `gate run --engine echo`.
+    example = Path(__file__).resolve().parents[1] / "plugin_example"
+    pytester.makepyfile(
+        test_foreign=f"""
+import sys
+sys.path.insert(0, {str(example)!r})
+from gate_echo_engine import EchoEngine
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+def test_honest_engine(gate_check):
+    result = gate_check(EchoEngine(MODEL, trace={str(traces["honest"])!r}))
+    assert result.verdict == "strict_pass" and result.candidate_engine == "echo"
+
+def test_defective_engine(gate_check):
+    gate_check(EchoEngine(MODEL, trace={str(traces["defective"])!r}))
+"""
+    )
+    r = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines([f"*first defect at prompt {traces['prompt_id']!r} position {traces['position']}*"])
+
+
 def test_bad_input_fails_the_test_with_one_message(pytester: pytest.Pytester, tmp_path: Path) -> None:
     missing = tmp_path / "nope.jsonl"
     pytester.makepyfile(
