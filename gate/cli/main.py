@@ -30,7 +30,7 @@ app = typer.Typer(
 )
 
 # Each module defines `register(app)`; commands import their heavy dependencies lazily.
-COMMAND_MODULES = ("compare", "run", "pin", "goldens", "doctrine", "shards", "diagnose", "invariance")
+COMMAND_MODULES = ("compare", "run", "pin", "goldens", "doctrine", "shards", "diagnose", "invariance", "diff")
 for _name in COMMAND_MODULES:
     importlib.import_module(f"gate.cli.{_name}").register(app)
 

@@ -33,6 +33,9 @@ RENDERERS: dict[tuple[str, str], str] = {
     ("InvarianceResult", "json"): "gate.reports.invariance:render_invariance_json",
     ("InvarianceResult", "markdown"): "gate.reports.invariance:render_invariance_markdown",
     ("InvarianceResult", "html"): "gate.reports.invariance:render_invariance_html",
+    ("ReportDiff", "rich"): "gate.reports.diff:render_diff_text",
+    ("ReportDiff", "json"): "gate.reports.diff:render_diff_json",
+    ("ReportDiff", "markdown"): "gate.reports.diff:render_diff_markdown",
 }
 
 # Result type -> "module:function(result, console)" drawing the rich report on a terminal.
@@ -43,6 +46,7 @@ TERMINAL: dict[str, str] = {
     "SelfTestResult": "gate.reports.selftest:print_selftest",
     "Diagnosis": "gate.reports.diagnose:print_diagnosis",
     "InvarianceResult": "gate.reports.invariance:print_invariance",
+    "ReportDiff": "gate.reports.diff:print_diff",
 }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from gate.core.traces.digest import trace_sha256
 from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, TopList, Trace, TraceHeader
 from gate.core.verdict.consistency import check_something_to_compare, header_warnings
 from gate.core.verdict.distribution import measure_distribution
@@ -239,6 +240,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         not_greedy=own.not_greedy,
         not_greedy_total=own.not_greedy_total,
         distribution=measure_distribution(oracle, candidate, {p.id: p.outcomes for p in prompts}, doctrine.floor),
+        oracle_sha256=trace_sha256(oracle),
     )
 
 

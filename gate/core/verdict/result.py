@@ -176,6 +176,9 @@ class GateResult:
     not_greedy_total: int = 0
     # The run's distribution against the oracle's, and against the pin's floor when it has one.
     distribution: RunDistribution | None = None
+    # The oracle trace's identity (`gate.core.traces.digest`): two reports with the same
+    # value were judged against the same pin (`gate diff` checks it).
+    oracle_sha256: str = ""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -227,6 +230,7 @@ class GateResult:
             "oracle_engine": self.oracle_engine,
             "candidate_engine": self.candidate_engine,
             "warnings": list(self.warnings),
+            **({"oracle_sha256": self.oracle_sha256} if self.oracle_sha256 else {}),
             # A report of part of the suite says so, and what ran (a complete run's report
             # stays the same whether it was sharded, resumed or run at once).
             **({"meta": self.run.to_dict()} if self.run is not None and self.run.partial else {}),

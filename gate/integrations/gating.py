@@ -1,0 +1,135 @@
+"""One call from a candidate to a verdict, for the integrations: a candidate trace (a path
+or a `Trace`) or a loaded engine of the plugin contract (`gate.core.engine.Engine`),
+gated against the pin with the functions `gate run` uses (`gate.workflows.run`): the pin
+loaded and checked as `gate run` loads it, the pin's own doctrine with the caller's
+per-field overrides, the same adjudication. No second pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gate.core.engine import Engine
+from gate.core.pins.pin import doctrine_for, load_pin
+from gate.core.traces.trace import Trace, read_trace
+from gate.core.verdict.doctrine import apply_overrides
+from gate.core.verdict.result import DEFECT, RATIFIED_PASS, GateResult
+from gate.errors import InputError
+from gate.reports._common import VERDICT_LABELS, why
+from gate.workflows.run import RunOutcome, gate_against_pin, gate_trace_against_pin
+
+Candidate = str | os.PathLike[str] | Trace | Engine
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """The doctrine flags of `gate run`, each changing its own field of the pin's doctrine."""
+
+    near_tie_mnats: float | None = None
+    near_tie_ulps: float | None = None
+    no_evidence: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.near_tie_mnats is not None:
+            out["near_tie_mnats"] = self.near_tie_mnats
+        if self.near_tie_ulps is not None:
+            out["near_tie_ulps"] = self.near_tie_ulps
+        if self.no_evidence:
+            out["evidence"] = None
+        return out
+
+
+def default_model() -> str:
+    from gate.models.default import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
+def gate_candidate(
+    candidate: Candidate,
+    *,
+    model: str | None = None,
+    pins_dir: str | os.PathLike[str] | None = None,
+    strict: bool = False,
+    overrides: Overrides | None = None,
+) -> RunOutcome:
+    """Gate `candidate` against the pin of `model` (a trace: the model its header names;
+    an engine: the default model), as `gate run` (or `gate run --candidate-trace`) would.
+
+    An engine is driven but not closed: whoever loaded it owns it. Raises the `GateError`
+    `gate run` would raise (a bad trace, no pin, an engine failure)."""
+    flags = (overrides or Overrides()).to_dict()
+    apply_overrides({}, flags)  # a bad threshold fails before any work
+    pins = Path(pins_dir) if pins_dir is not None else None
+    if isinstance(candidate, str | os.PathLike):
+        candidate = read_trace(candidate, role="candidate")
+    if isinstance(candidate, Trace):
+        if candidate.role != "candidate":
+            raise InputError(f"{candidate.path}: expected a candidate trace, found role {candidate.role!r}")
+        pin = load_pin(model or candidate.header.model, pins)
+        return gate_trace_against_pin(pin, candidate, doctrine_for(pin, flags, strict=strict))
+    if isinstance(candidate, Engine):
+        pin = load_pin(model or default_model(), pins)
+        return gate_against_pin(candidate, pin, doctrine_for(pin, flags, strict=strict))
+    raise InputError(
+        f"gate_check: the candidate is a {type(candidate).__name__}: expected a candidate trace (a path or a "
+        "gate Trace) or an engine of the plugin contract (gate.core.engine.Engine)"
+    )
+
+
+def passed(result: GateResult) -> bool:
+    """The verdict is a pass under the doctrine the result was judged by (`gate run` exit 0)."""
+    return result.exit_code == 0
+
+
+def failure_reason(result: GateResult) -> str:
+    """One line: why the verdict is not a pass, from the field that decided it."""
+    verdict = VERDICT_LABELS.get(result.verdict, result.verdict)
+    dist = result.distribution
+    if dist is not None and dist.beyond:
+        return f"{verdict}: numerics beyond honest drift: {'; '.join(dist.beyond_figures)}"
+    defects = [d for d in result.divergences if d.cls == DEFECT]
+    if defects:
+        d = defects[0]
+        more = f" (and {len(defects) - 1} more)" if len(defects) > 1 else ""
+        return (
+            f"{verdict}: first defect at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
+            f"candidate token {d.candidate_token}){more}: {why(d, result.doctrine, with_rule=False)}"
+        )
+    unratified = [p.id for p in result.prompts if not p.ratified]
+    if unratified:
+        return f"{verdict}: {len(unratified)} prompt(s) not ratified: {', '.join(map(repr, unratified[:5]))}"
+    if result.verdict == RATIFIED_PASS and result.doctrine.strict:
+        diverged = [p.id for p in result.prompts if not p.strict]
+        return (
+            f"{verdict} under strict: {len(diverged)} prompt(s) diverge only by ties, which strict does not "
+            f"allow: {', '.join(map(repr, diverged[:5]))}"
+        )
+    return f"{verdict} (exit {result.exit_code})"
+
+
+def gate_engine_named(
+    engine: str,
+    options: dict[str, str] | None = None,
+    *,
+    model: str | None = None,
+    model_path: str | None = None,
+    pins_dir: str | os.PathLike[str] | None = None,
+    strict: bool = False,
+    overrides: Overrides | None = None,
+) -> RunOutcome:
+    """Load the engine `engine` (a built-in name, an entry point or `module:Class`) for the
+    pin's model (or the weights at `model_path`), gate it as `gate run --engine` does, close it."""
+    from gate.engines.registry import load_engine
+    from gate.workflows.engine_calls import open_engine
+
+    flags = (overrides or Overrides()).to_dict()
+    apply_overrides({}, flags)
+    pin = load_pin(model or default_model(), Path(pins_dir) if pins_dir is not None else None)
+    doctrine = doctrine_for(pin, flags, strict=strict)
+    with open_engine(lambda: load_engine(engine, model_path or pin.model, options or {}), engine) as loaded:
+        return gate_against_pin(loaded, pin, doctrine)
