@@ -67,6 +67,15 @@ Strict = Annotated[
     bool,
     typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.", rich_help_panel=DOCTRINE_PANEL),
 ]
+Details = Annotated[
+    bool,
+    typer.Option(
+        "--details",
+        "-v",
+        help="The terminal report with its details: provenance, the doctrine, every prompt, the full figures.",
+        rich_help_panel="Output",
+    ),
+]
 Output = Annotated[
     Path | None,
     typer.Option("--output", "-o", help="Write the report to this file (- for stdout).", rich_help_panel="Output"),

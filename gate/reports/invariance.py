@@ -20,7 +20,7 @@ from gate.core.verdict.invariance import (
     InvarianceResult,
 )
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE
-from gate.reports._common import VERDICT_LABELS, fmt_mnats
+from gate.reports._common import VERDICT_LABELS, fmt_mnats, markdown_text
 from gate.text import printable
 
 VERDICT_WORDS = {
@@ -147,11 +147,11 @@ def render_invariance_text(result: InvarianceResult, width: int = 140) -> str:
 
 
 def _md(text: str) -> str:
-    return printable(text).replace("|", "\\|")
+    return markdown_text(text)
 
 
 def render_invariance_markdown(result: InvarianceResult) -> str:
-    out = [f"## gate invariance: {result.verdict}", "", _md(result.summary), ""]
+    out = [f"## gate invariance: {_md(result.verdict)}", "", _md(result.summary), ""]
     out += [f"- {_md(line)}" for line in _head(result).splitlines()]
     out += [
         "",
@@ -161,11 +161,12 @@ def render_invariance_markdown(result: InvarianceResult) -> str:
     for cell in result.cells:
         if not cell.ran:
             reason = _md(cell.reason or "")
-            out.append(f"| {cell.schedule.cell} | {_md(_schedule(cell))} | not run: {reason} | | | | | |")
+            out.append(f"| {_md(cell.schedule.cell)} | {_md(_schedule(cell))} | not run: {reason} | | | | | |")
             continue
         out.append(
-            f"| {cell.schedule.cell} | {_md(_schedule(cell))} | {VERDICT_WORDS[cell.verdict]} | {cell.positions} | "
-            f"{_bitwise(cell)} | {_flips(cell)} | {fmt_mnats(cell.max_abs_delta_mnats)} | {_md(_pin(cell))} |"
+            f"| {_md(cell.schedule.cell)} | {_md(_schedule(cell))} | {VERDICT_WORDS[cell.verdict]} "
+            f"| {cell.positions} | {_bitwise(cell)} | {_flips(cell)} | {fmt_mnats(cell.max_abs_delta_mnats)} "
+            f"| {_md(_pin(cell))} |"
         )
     out += [""] + [f"> note: {_md(n)}" for n in result.notes]
     return "\n".join(out) + "\n"
