@@ -111,8 +111,8 @@ def render_html(result: GateResult) -> str:
         [
             _header(result),
             _notices(result),
-            _distribution_section(result),
             _divergences(result),
+            _distribution_section(result),
             _strips(result),
             _plots(result),
             _details(result),
@@ -430,7 +430,7 @@ def _figure(fig: Any, index: int) -> str:
 
 
 def _plots(result: GateResult) -> str:
-    parts = ['<section id="plots"><h2>Distributions</h2><div class="figs">']
+    parts = ['<section id="plots"><h2>Gaps and figures</h2><div class="figs">']
     bars = _gap_bars(result)
     _, threshold, unit, marker = gap_axis(result)
     if bars:
