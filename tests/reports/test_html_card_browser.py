@@ -39,7 +39,10 @@ PROBE = """
 (function () {
   function rgb(s) { var m = s.match(/[\\d.]+/g) || []; return m.map(Number); }
   function lum(c) {
-    var v = c.slice(0, 3).map(function (x) { x /= 255; return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4); });
+    var v = c.slice(0, 3).map(function (x) {
+      x /= 255;
+      return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4);
+    });
     return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2];
   }
   function background(el) {
