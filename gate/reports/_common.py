@@ -298,7 +298,7 @@ def provenance_line(result: GateResult) -> str:
 _MD_PUNCT = re.compile(r"([\\`*_\[\]<>|~&$])")
 # What GitHub turns into links or notifications after Markdown, on the page's text:
 # URLs (`scheme://`, `www.`), e-mail addresses and @mentions (`@`), issue and pull
-# request references (`#123`), emoji shortcodes (`:name:`). A word joiner (U+2060,
+# request references (`#123`, `GH-123`), emoji shortcodes (`:name:`). A word joiner (U+2060,
 # invisible, no line break) splits each trigger so nothing matches.
 _WJ = "\u2060"
 _MD_TRIGGERS = (
@@ -306,6 +306,7 @@ _MD_TRIGGERS = (
     (re.compile(r"(?i)(?<![a-z0-9])(www)(?=\\?\.)"), r"\1" + _WJ),
     (re.compile(r"@"), "@" + _WJ),
     (re.compile(r"(?<=#)(?=[0-9a-z])", re.I), _WJ),
+    (re.compile(r"(?i)(?<![a-z0-9])(gh)(?=-[0-9])"), r"\1" + _WJ),
     (re.compile(r"(?i):(?=[a-z0-9_+-]+:)"), ":" + _WJ),
 )
 

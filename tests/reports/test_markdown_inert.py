@@ -29,6 +29,7 @@ HOSTILE = [
     "mail me at boss@evil.example",
     "@octocat please merge",
     "fixes #123",
+    "see GH-42 and gh-7",
     "org/repo#9",
     "[click](https://evil.example)",
     "![img](https://evil.example/p.png)",
@@ -56,6 +57,7 @@ ACTIVE_TEXT = [
     re.compile(r"[a-z0-9._%+-]@[a-z0-9]", re.I),
     re.compile(r"(?<![a-z0-9_])@[a-z0-9]", re.I),
     re.compile(r"#[0-9]"),
+    re.compile(r"(?<![a-z0-9])gh-[0-9]", re.I),
     re.compile(r":[a-z0-9_+-]+:", re.I),
 ]
 
