@@ -55,7 +55,8 @@ def refuse_overwrite(
     if force:
         return
     for path, flag in targets:
-        if path is not None and not to_stdout(path) and path.exists() and not is_step_summary(path):
+        appended = flag == "--output" and is_step_summary(path)  # the job summary: appended to, not replaced
+        if path is not None and not to_stdout(path) and path.exists() and not appended:
             raise error(message.format(flag=f"{flag} " if flag else "", path=path))
 
 

@@ -618,6 +618,7 @@ article.o-defect{border-left-color:var(--defect)}article:target{box-shadow:0 0 0
 .kv td{padding:2px 0}.prompt{white-space:pre-wrap;font:12.5px ui-monospace,Menlo,monospace}
 .alts{border-collapse:collapse;margin-top:2px}.alts td,.alts th{padding:1px 10px 1px 0;font-size:12.5px;text-align:left}
 .alts .is-o{font-weight:700}.alts .is-c td{color:#fff}
+.alts .is-c.o-near td,.badge.o-near{color:var(--ink)}
 .rest{border-collapse:collapse;background:#fff;width:100%}.rest td,.rest th{border-bottom:1px solid #eee;
   padding:3px 8px;text-align:left;font-size:12.5px}
 footer{margin:30px 0 10px;color:var(--mute);font-size:12px}

@@ -46,3 +46,20 @@ def test_another_output_file_still_gets_the_summary_appended(tmp_path: Path) -> 
     r = invoke(["compare", *SEED, "--format", "markdown", "-o", str(out)], env={"GITHUB_STEP_SUMMARY": str(summary)})
     assert r.exit_code == 0, r.output
     assert out.read_text().count(HEADING) == 1 and summary.read_text().count(HEADING) == 1
+
+
+def test_only_the_report_is_appended_another_output_is_still_refused(tmp_path: Path) -> None:
+    """`--save-trace $GITHUB_STEP_SUMMARY` is a trace over the job summary: refused as before."""
+    from helpers.gate_cli import TOY_MODEL, record_toy_pin, register_fake
+
+    with pytest.MonkeyPatch.context() as mp:
+        register_fake(mp)
+        pins = tmp_path / "pins"
+        record_toy_pin(pins)
+        summary = tmp_path / "step-summary.md"
+        summary.write_text("# earlier step\n")
+        argv = ["run", "--model", TOY_MODEL, "--pins-dir", str(pins), "--engine", "fake"]
+        r = invoke([*argv, "--save-trace", str(summary)], env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.exit_code == 2, r.output
+    assert "--save-trace" in r.stderr and "already exists" in r.stderr
+    assert summary.read_text() == "# earlier step\n"
