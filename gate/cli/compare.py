@@ -21,6 +21,7 @@ def compare_files(
     fmt: str,
     output: Path | None,
     force: bool,
+    details: bool = False,
 ) -> int:
     from gate.cli.common import doctrine_overrides
     from gate.cli.output import emit, refuse_overwrite
@@ -33,17 +34,18 @@ def compare_files(
     refuse_overwrite(force, (output, "--output"), inputs=(oracle, candidate))
     o = read_trace(oracle, role="oracle")
     c = read_trace(candidate, role="candidate")
-    # The doctrine a pin carries in its header travels with it: the same verdict as `gate run`.
+    # The doctrine an oracle trace carries in its header (a pin's does) travels with it: the
+    # same verdict as `gate run`.
     doctrine = resolve_doctrine(
         header_doctrine(o.header.extra, str(oracle)),
         doctrine_overrides(near_tie_mnats, near_tie_ulps, no_evidence),
         strict=strict,
-        source=f"the pin's ({oracle})",
+        source=f"the oracle trace's header ({oracle})",
     )
     from gate.core.verdict.routing import attribute_routing
 
     result = attribute_routing(compare(o, c, doctrine), o, c)
-    emit(result, fmt, output, force=force)
+    emit(result, fmt, output, force=force, details=details)
     return result.exit_code
 
 
@@ -58,6 +60,7 @@ def register(app: typer.Typer) -> None:
         strict: options.Strict = False,
         fmt: options.GateFormatOpt = options.GateFormat.rich,
         output: options.Output = None,
+        details: options.Details = False,
         force: options.Force = False,
     ) -> None:
         """Adjudicate two trace files without loading any model, torch or engine."""
@@ -71,5 +74,6 @@ def register(app: typer.Typer) -> None:
             fmt=fmt.value,
             output=output,
             force=force,
+            details=details,
         )
         raise typer.Exit(code)

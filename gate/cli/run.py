@@ -44,6 +44,7 @@ def run_gate(
     timeout: float | None = None,
     repeat: int = 1,
     no_evidence: bool = False,
+    details: bool = False,
 ) -> int:
     from gate.cli.common import default_model, doctrine_overrides, parse_engine_opts
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
@@ -96,7 +97,7 @@ def run_gate(
         if save_trace is not None:
             write_trace(save_trace, outcome.candidate, overwrite=force)
             say(f"candidate trace written to {save_trace}")
-    emit(outcome.result, fmt, output, force=force, engine_ran=candidate_trace is None)
+    emit(outcome.result, fmt, output, force=force, engine_ran=candidate_trace is None, details=details)
     if candidate_trace is None:
         from gate.cli.diagnose import diagnose_hint
 
@@ -244,6 +245,7 @@ def register(app: typer.Typer) -> None:
         strict: options.Strict = False,
         fmt: options.GateFormatOpt = options.GateFormat.rich,
         output: options.Output = None,
+        details: options.Details = False,
         save_trace: options.SaveTrace = None,
         candidate_trace: Annotated[
             Path | None,
@@ -325,6 +327,7 @@ def register(app: typer.Typer) -> None:
             progress_file=progress_file,
             timeout=timeout,
             repeat=repeat,
+            details=details,
         )
         raise typer.Exit(code)
 
