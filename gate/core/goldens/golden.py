@@ -25,6 +25,7 @@ pin); judging the moves is `gate.core.goldens.moves`, and the runs are
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -76,20 +77,25 @@ def golden_path(model: str, engine: str, root: Path) -> Path:
     return path
 
 
-def find_golden(model: str, engine: str, goldens_dir: Path | None = None) -> Path:
+def find_golden(model: str, engine: str, goldens_dir: Path | None = None, *, pins_dir: Path | None = None) -> Path:
     """The golden file in the first search root that has one; none is an input error that
-    says how to record it."""
+    says how to record it (the command quoted, with the folders the search was given, so
+    that it runs as printed)."""
     roots = search_roots(goldens_dir)
     for root in roots:
         path = golden_path(model, engine, root)
         if path.is_file():
             return path
     looked = ", ".join(str(r) for r in roots)
-    flag = f" --goldens-dir {goldens_dir}" if goldens_dir is not None else ""
+    words = ["gate", "goldens", "record", "--model", model, "--engine", engine]
+    if goldens_dir is not None:
+        words += ["--goldens-dir", str(goldens_dir)]
+    if pins_dir is not None:
+        words += ["--pins-dir", str(pins_dir)]
     raise InputError(
         f"no golden for {model} with engine {engine!r} (looked for {golden_path(model, engine, roots[0]).name} "
         f"under {looked}). Record one first",
-        hint=f"gate goldens record --model {model} --engine {engine}{flag}",
+        hint=shlex.join(words),
     )
 
 
