@@ -37,7 +37,7 @@ from gate.core.goldens.moves import GOLDEN_VERSION, GoldenMove
 from gate.core.pins.pin import Pin, check_model_id
 from gate.core.storage.files import data_roots, file_sha256, is_packaged, portable, portable_path
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace
-from gate.errors import InputError
+from gate.errors import InputError, TraceError
 
 GOLDENS_DIRNAME = "goldens"
 ENV_GOLDENS_DIR = "GATE_GOLDENS_DIR"
@@ -208,9 +208,28 @@ def encode_golden(golden: Trace) -> bytes:
     return encode_trace(golden.header, golden.records)
 
 
+def check_golden_version(golden: Trace) -> None:
+    """A golden names its format version in `golden`; a version this gate does not know is
+    refused (exit 2), never read as version 1. A trace without it is no golden."""
+    version = golden.header.extra.get("golden")
+    if type(version) is not int:
+        raise TraceError(
+            golden.path,
+            1,
+            "golden",
+            f"must be the golden format version (the integer {GOLDEN_VERSION}), found {version!r}: "
+            "is this a golden? (gate goldens record writes one)",
+        )
+    if version != GOLDEN_VERSION:
+        why = f"unsupported golden version {version} (this gate reads version {GOLDEN_VERSION}); re-record it"
+        raise TraceError(golden.path, 1, "golden", why)
+
+
 def check_golden_against_pin(golden: Trace, pin: Pin) -> None:
-    """The golden must be of the pin's model and its very prompts: same ids, same prompt
-    token ids. Otherwise its tokens answer other questions (exit 2)."""
+    """The golden must be of a version this gate reads, of the pin's model and its very
+    prompts: same ids, same prompt token ids. Otherwise its tokens answer other questions
+    (exit 2)."""
+    check_golden_version(golden)
     where = golden.path
     if golden.header.model != pin.model:
         raise InputError(f"{where}: the golden is for model {golden.header.model!r}, the pin for {pin.model!r}")
