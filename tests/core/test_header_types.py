@@ -101,3 +101,10 @@ def test_a_golden_of_an_unknown_version_is_refused(
     assert "field 'golden'" in r.stderr
     if version == 2:
         assert "unsupported golden version 2" in r.stderr
+
+
+def test_a_live_engines_hardware_of_odd_types_does_not_crash_the_machine_key() -> None:
+    from gate.core.traces.machine import machine_key
+
+    hw = {"device_type": "cpu", "torch_cpu_capability": "AVX2", "cpu_flags": [["amx_bf16"], "avx512_bf16"]}
+    assert machine_key(hw) == "cpu:AVX2+bf16"
