@@ -126,6 +126,12 @@ class ProgressLog:
                 f"--resume: no progress file {path}: nothing to resume (run without --resume to start, "
                 "or pass --progress-file)"
             )
+        kind = file_kind(path)
+        if kind is not None and kind != PROGRESS:
+            # Resuming cuts a torn last line off: never done to a file that is not a progress file.
+            raise InputError(
+                f"--resume: {path} is a {kind}, not a progress file; nothing to resume from it (it is left as it is)"
+            )
         data = path.read_bytes()
         cut = data.rfind(b"\n") + 1
         if cut == 0:

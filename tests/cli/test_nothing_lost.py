@@ -219,3 +219,15 @@ def test_atomic_write_never_replaces_another_kind_even_when_told_to(world: dict[
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     atomic_write(empty, b"# a report\n", overwrite=True)  # nothing to lose
+
+
+def test_resume_never_cuts_a_file_that_is_not_a_progress_file(
+    world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    register_fake(monkeypatch)
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"line one\nline two without a newline")
+    r = invoke([*_run_with_progress(world, notes), "--resume"])
+    assert r.exit_code == 2, r.output
+    assert "not a progress file" in r.stderr
+    assert notes.read_bytes() == b"line one\nline two without a newline"
