@@ -46,11 +46,11 @@ DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 LOGPROB_AGREEMENT = 1e-6
 # Bodies are read in chunks of this size, so the cap is checked as the bytes arrive.
 _READ_CHUNK = 64 * 1024
+# A JSON string in raw bytes (escapes included), for counting the colons outside strings.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # A 5xx whose error text says the input is invalid is the request's fault, not the server's
 # trouble: llama-cpp-python's server answers a body its schema refuses with HTTP 500 and the
 # validation message ("Input should be a valid string"). Retrying cannot change that answer.
-# A JSON string in raw bytes (escapes included), for counting the colons outside strings.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _INVALID_INPUT = re.compile(
     r"\b(?:invalid|not valid|should be a valid|validation errors?|unprocessable)\b", re.IGNORECASE
 )
