@@ -35,7 +35,7 @@ def run_diagnose(
     force: bool,
 ) -> int:
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.errors import InputError
     from gate.models.default import resolve_model_path
@@ -45,7 +45,7 @@ def run_diagnose(
     from gate.workflows.run import RunPlan, gate_run
 
     fmt = check_format("Diagnosis", fmt)
-    refuse_overwrite(force, (output, "--output"))
+    refuse_overwrite(force, (output, "--output"), inputs=pin_inputs(model or default_model(), pins_dir))
     if (prompt is None) != (position is None):
         raise InputError("--prompt and --position go together (or neither: diagnose the gate's first defect)")
     if path is not None and prompt is None:
@@ -91,10 +91,21 @@ def diagnose_hint(
     pins_dir: Path | None = None,
 ) -> str | None:
     """The `gate diagnose` command for a failed result's first defect (else first divergence),
-    with the run's own model, engine, options, weights and pins."""
+    with the run's own model, engine, options, weights and pins; None where there is none, or
+    where that command could not run: gate diagnose captures only some engines, and a hint
+    whose command exits 2 is no help."""
     from gate.core.verdict.result import DEFECT, FAIL
+    from gate.engines.registry import resolve
+    from gate.errors import GateError
+    from gate.workflows.diagnose import capture_kind
 
     if result.verdict != FAIL or not result.divergences:
+        return None
+    try:
+        capturable = capture_kind(resolve(engine)) is not None
+    except GateError:
+        capturable = False
+    if not capturable:
         return None
     order = {p.id: i for i, p in enumerate(result.prompts)}
     d = min(result.divergences, key=lambda x: (x.cls != DEFECT, order.get(x.prompt_id, 1 << 30), x.position))

@@ -56,10 +56,11 @@ def calibrate_command(
     save_trace: Path | None,
     force: bool,
 ) -> int:
-    from gate.cli.common import parse_engine_opts
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.common import default_model, parse_engine_opts
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.calibration.calibrate import calibrate
     from gate.core.pins.pin import pin_own_doctrine
+    from gate.core.storage.atomic import TRACE
     from gate.core.traces.trace import read_trace, write_trace
     from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
     from gate.errors import InputError
@@ -67,7 +68,10 @@ def calibrate_command(
 
     fmt = check_format("Calibration", fmt)
     opts = parse_engine_opts(engine_opts)
-    refuse_overwrite(force, (output, "--output"), (save_trace, "--save-trace"), inputs=(oracle, candidate))
+    pinned = pin_inputs(model or default_model(), pins_dir) if oracle is None else ()
+    refuse_overwrite(
+        force, (output, "--output"), (save_trace, "--save-trace", TRACE), inputs=(oracle, candidate, *pinned)
+    )
     if (oracle is None) != (candidate is None):
         raise InputError("gate calibrate takes two trace files (ORACLE CANDIDATE) or none (run the engine on the pin)")
     if oracle is not None and candidate is not None:
@@ -121,8 +125,8 @@ def selftest_command(
     force: bool,
     no_evidence: bool = False,
 ) -> int:
-    from gate.cli.common import ProgressBar, doctrine_overrides, parse_engine_opts, progress_bar
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.common import ProgressBar, default_model, doctrine_overrides, parse_engine_opts, progress_bar
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.calibration.selftest import SELFTEST_NEAR_TIE_ULPS
     from gate.core.pins.pin import doctrine_for
     from gate.engines.mutants import baseline_loader, mutations
@@ -130,7 +134,7 @@ def selftest_command(
     from gate.workflows.selftest import run_selftest
 
     fmt = check_format("SelfTestResult", fmt)
-    refuse_overwrite(force, (output, "--output"))
+    refuse_overwrite(force, (output, "--output"), inputs=pin_inputs(model or default_model(), pins_dir))
     opts = parse_engine_opts(engine_opts)
     pin = _load_pin(model, pins_dir)
     # The pin's own doctrine, as `gate run` applies it, with the flags' fields changed: the

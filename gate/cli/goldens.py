@@ -36,11 +36,11 @@ def record_goldens(
     force: bool,
 ) -> int:
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
-    from gate.cli.output import refuse_overwrite, say
+    from gate.cli.output import pin_inputs, refuse_overwrite, say
     from gate.core.goldens.golden import DEFAULT_ENGINE, check_golden_against_pin, encode_golden, path_for_writing
     from gate.core.goldens.moves import find_moves, goldens_summary
     from gate.core.pins.pin import doctrine_for, load_pin
-    from gate.core.storage.atomic import atomic_write
+    from gate.core.storage.atomic import GOLDEN, atomic_write
     from gate.core.traces.trace import read_trace
     from gate.errors import InputError
     from gate.workflows.engine_calls import open_engine
@@ -55,7 +55,8 @@ def record_goldens(
         raise InputError(f"{path}: is a directory")
     refuse_overwrite(
         force,
-        (path, ""),
+        (path, "", GOLDEN),
+        inputs=pin_inputs(pin.model, pins_dir),
         message="{path}: a golden exists; pass --force (or --accept) to re-record it "
         "(the old one is kept as a backup, and what moved is shown)",
     )
@@ -130,7 +131,7 @@ def check_goldens(
         parse_engine_opts,
         progress_bar,
     )
-    from gate.cli.output import emit, refuse_overwrite
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite
     from gate.core.goldens.golden import (
         DEFAULT_ENGINE,
         accepted_golden,
@@ -148,7 +149,7 @@ def check_goldens(
     from gate.workflows.goldens import check_golden
 
     fmt = check_format("GoldensResult", fmt)
-    refuse_overwrite(force, (output, "--output"), inputs=(golden,))
+    refuse_overwrite(force, (output, "--output"), inputs=(golden, *pin_inputs(model or default_model(), pins_dir)))
     opts = parse_engine_opts(engine_opts)
     engine_name = engine or DEFAULT_ENGINE
     if golden is not None:
@@ -157,7 +158,7 @@ def check_goldens(
         model = model or old.header.model
     else:
         model = model or default_model()
-        path = find_golden(model, engine_name, goldens_dir)
+        path = find_golden(model, engine_name, goldens_dir, pins_dir=pins_dir)
         old = read_trace(path, role="candidate")
     old = replace(old, path=display_path(path))
     pin = load_pin(model, pins_dir)

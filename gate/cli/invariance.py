@@ -38,7 +38,7 @@ def invariance_command(
     force: bool,
 ) -> int:
     from gate.cli.common import ProgressBar, default_model, doctrine_overrides, parse_engine_opts, progress_bar
-    from gate.cli.output import emit, refuse_overwrite
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.verdict.doctrine import apply_overrides
     from gate.engines.registry import load_engine, resolve
@@ -53,7 +53,7 @@ def invariance_command(
     plan = InvariancePlan(
         cells=parse_cells(schedules), batch=batch, seed=seed, threads=threads, chunk=chunk, strict=strict
     )
-    refuse_overwrite(force, (output, "--output"))
+    refuse_overwrite(force, (output, "--output"), inputs=pin_inputs(model or default_model(), pins_dir))
     pin = load_pin(model or default_model(), pins_dir)
     doctrine = doctrine_for(pin, flags, strict=strict)
     name = engine or "hf"

@@ -42,6 +42,7 @@ def record_pin(
     from gate.core.pins.oracle_settings import read_settings
     from gate.core.pins.pin import SUITE_FILE, folder_for_writing, write_pin
     from gate.core.pins.suite import read_suite
+    from gate.core.storage.atomic import PIN
     from gate.core.traces.trace import read_trace
     from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
     from gate.engines.registry import load_engine
@@ -54,7 +55,8 @@ def record_pin(
     # Everything that can be refused is refused before the oracle loads (minutes on a GPU).
     refuse_overwrite(
         force,
-        (folder.pin_path, ""),
+        (folder.pin_path, "", PIN),
+        inputs=(prompts,),
         message="{path} exists; pass --force to re-record it "
         "(the old pin is kept as a backup, and what moved is shown)",
         error=PinError,

@@ -49,6 +49,7 @@ def run_gate(
     from gate.cli.common import default_model, doctrine_overrides, parse_engine_opts
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.pins.pin import doctrine_for, load_pin
+    from gate.core.storage.atomic import TRACE
     from gate.core.traces.trace import read_trace, write_trace
     from gate.core.verdict.doctrine import apply_overrides
     from gate.errors import InputError
@@ -63,7 +64,7 @@ def run_gate(
     # Refuse to clobber before spending minutes on a model.
     refuse_overwrite(
         force,
-        (save_trace, "--save-trace"),
+        (save_trace, "--save-trace", TRACE),
         (output, "--output"),
         inputs=(candidate_trace, progress_file, *pin_inputs(model or default_model(), pins_dir)),
     )
@@ -131,7 +132,7 @@ def _run_plan(
     from gate.cli.output import say
     from gate.core.traces.shards import parse_shard
     from gate.errors import InputError
-    from gate.workflows.progress import PROGRESS_SUFFIX, default_progress_path
+    from gate.workflows.progress import PROGRESS_SUFFIX, check_progress_target, default_progress_path
     from gate.workflows.run import RunPlan
 
     kn = parse_shard(shard) if shard is not None else None
@@ -146,6 +147,8 @@ def _run_plan(
         else:
             progress_file = default_progress_path(pin.model, engine_name, kn)
     if not resume and progress_file.exists():
+        # Before the engine loads: only a progress file of this model's runs is ever replaced.
+        check_progress_target(progress_file, pin.model)
         say(f"replacing the progress file of an earlier run, {progress_file} (--resume continues one)")
     return RunPlan(
         engine_options=opts,
@@ -194,11 +197,13 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
     import orjson
 
     from gate.cli.common import default_model
-    from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
+    from gate.cli.output import pin_inputs, refuse_overwrite, say, to_stdout, write_data
     from gate.core.pins.pin import load_pin
+    from gate.core.storage.atomic import SUITE
     from gate.workflows.run import prompt_inputs
 
-    refuse_overwrite(force, (output, "--output"))
+    # A list of prompts: never over the pin it reads, nor over any file of another kind.
+    refuse_overwrite(force, (output, "--output", SUITE), inputs=pin_inputs(model or default_model(), pins_dir))
     pin = load_pin(model or default_model(), pins_dir)
     lines = b"".join(
         orjson.dumps(

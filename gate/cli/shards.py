@@ -21,6 +21,7 @@ def merge_files(
     force: bool,
 ) -> int:
     from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
+    from gate.core.storage.atomic import GOLDEN, PIN, TRACE, file_kind
     from gate.core.traces.shards import merge_traces
     from gate.core.traces.trace import encode_trace, read_trace
     from gate.errors import InputError, PinError
@@ -28,9 +29,11 @@ def merge_files(
     if pin_model is not None and expect_ids_from is not None:
         raise InputError("--model and --expect-ids-from both name the expected prompts: give one")
     # Refuse to clobber before reading what may be gigabytes of shards.
+    # The merged file is of its shards' kind (an oracle's shards merge into an oracle trace).
+    first = file_kind(shards[0]) if shards else None
     refuse_overwrite(
         force,
-        (output, "--output"),
+        (output, "--output", first if first in (PIN, GOLDEN) else TRACE),
         message="{flag}{path}: already exists; pass --force to replace it (a backup is kept)",
         inputs=(*shards, expect_ids_from),
     )
