@@ -32,6 +32,8 @@ gate's build; default 1024), threads (the runtime's CPU threadpool; default its 
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -41,7 +43,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from executorch.runtime import Runtime, Verification
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.storage.files import file_sha256
@@ -61,6 +62,25 @@ from gate.engines.executorch.export import BACKEND, RECIPES
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
 from gate.models.onnx import source_hashes
+
+
+def _quiet_import() -> Any:
+    """`executorch.runtime`, imported with the warnings its import logs on every run (torchao's
+    CUDA kernels that do not load on a CPU machine; a torch deprecation) kept off stderr."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        import executorch.runtime as runtime
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+    return runtime
+
+
+_runtime = _quiet_import()
+Runtime, Verification = _runtime.Runtime, _runtime.Verification
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     "recipe": (str, "fp32"),
@@ -273,24 +293,26 @@ def _load(pte: Path) -> tuple[Any, Any]:
         except EngineError:
             raise
         except Exception as exc:
-            reason = said()[-1] if said() else f"{type(exc).__name__}: {exc}"
+            logged = said()
+            reason = logged[0] if logged else f"{type(exc).__name__}: {exc}"
             raise EngineError(f"ExecuTorch cannot load {pte}: {reason}") from None
     return program, method
 
 
 @contextlib.contextmanager
 def _captured_stderr() -> Iterator[Any]:
-    """Route file descriptor 2 to a temporary file; yields a function giving its lines."""
+    """Route stderr, both Python's `sys.stderr` (where the runtime's Python bindings log) and
+    file descriptor 2 (its C++ code), to temporary sinks; yields a function giving their lines."""
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
+    text = io.StringIO()
+    with tempfile.TemporaryFile() as sink, contextlib.redirect_stderr(text):
         os.dup2(sink.fileno(), 2)
-        lines: list[str] = []
 
         def said() -> list[str]:
             sink.flush()
             sink.seek(0)
-            lines[:] = [ln.strip() for ln in sink.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-            return lines
+            raw = text.getvalue() + sink.read().decode("utf-8", "replace")
+            return [ln.strip() for ln in raw.splitlines() if ln.strip()]
 
         try:
             yield said
