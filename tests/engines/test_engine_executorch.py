@@ -142,7 +142,8 @@ def test_the_8da4w_recipe_exports_and_decodes(llama_path: Path, cache_dir: Path,
     assert info["pte_sha256"] != tiny.info()["pte_sha256"]
     quant = engine.generate(_prompts(engine, 8), TOP_K)
     full = tiny.generate(_prompts(tiny, 8), TOP_K)
-    same = sum(a == b for q, f in zip(quant, full, strict=True) for a, b in zip(q.token_ids, f.token_ids))
+    pairs = [(a, b) for q, f in zip(quant, full, strict=True) for a, b in zip(q.token_ids, f.token_ids, strict=False)]
+    same = sum(a == b for a, b in pairs)
     assert same >= len(full) * 8 // 2
     engine.close()
 

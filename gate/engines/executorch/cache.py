@@ -58,9 +58,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def program_dir(
-    source: Path, recipe: str, max_seq_len: int, cache_dir: str | os.PathLike[str] | None = None
-) -> Path:
+def program_dir(source: Path, recipe: str, max_seq_len: int, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where the ExecuTorch build of `source` with `recipe` lives (built or not)."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else gate_cache_dir() / "models"
     return root / f"{source.name}-executorch-{recipe}-{BACKEND.lower()}-seq{max_seq_len}"
@@ -81,7 +79,9 @@ def executorch_program(
     say = log or _stderr
     src = Path(source).expanduser()
     if not (src / "config.json").is_file():
-        raise InputError(f"{src}: not a Hugging Face model folder (no config.json) to export an ExecuTorch program from")
+        raise InputError(
+            f"{src}: not a Hugging Face model folder (no config.json) to export an ExecuTorch program from"
+        )
     hashes = source_hashes(src)
     target = program_dir(src, recipe, max_seq_len, cache_dir)
     if target.exists():

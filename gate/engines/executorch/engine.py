@@ -118,6 +118,7 @@ class ExecuTorchEngine(TokenizerMethods):
             self.manifest = manifest if (manifest or {}).get("pte_sha256") == self.pte_sha256 else None
         else:
             self.source = _source(model, given_pte=False)
+            assert self.source is not None  # _source raises rather than return None here
             folder = executorch_program(self.source, recipe, int(opts["max_seq_len"]))
             self.pte, self.manifest = folder / PTE_NAME, read_program_manifest(folder)
             self.pte_sha256 = str((self.manifest or {}).get("pte_sha256") or file_sha256(self.pte))
@@ -361,4 +362,3 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-

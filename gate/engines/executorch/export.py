@@ -66,9 +66,7 @@ def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int) -> dict[s
     ids = torch.zeros((1, EXAMPLE_PREFILL), dtype=torch.long)
     pos = torch.arange(EXAMPLE_PREFILL, dtype=torch.long)
     with torch.no_grad():
-        program = torch.export.export(
-            wrapped, args=(ids, pos), dynamic_shapes=({1: seq}, {0: seq}), strict=False
-        )
+        program = torch.export.export(wrapped, args=(ids, pos), dynamic_shapes=({1: seq}, {0: seq}), strict=False)
     exported_s = time.monotonic() - started
     eos = model.generation_config.eos_token_id
     eos_ids = [int(eos)] if isinstance(eos, int) else [int(t) for t in eos or ()]
@@ -122,7 +120,8 @@ def _quantize_8da4w(model: Any) -> None:
         from torchao.quantization.granularity import PerGroup
 
         config: Any = Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP_SIZE)
+            weight_dtype=torch.int4,  # type: ignore[attr-defined]
+            weight_granularity=PerGroup(GROUP_SIZE),
         )
     except ImportError:  # an older torchao
         from torchao.quantization import Int8DynamicActivationInt4WeightConfig

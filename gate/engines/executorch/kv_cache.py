@@ -28,16 +28,16 @@ SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 class StaticCacheDecoder(torch.nn.Module):
+    causal: torch.Tensor  # a buffer: the causal mask table, [max_seq_len, max_seq_len] bool
+
     def __init__(self, model: Any, max_seq_len: int) -> None:
         super().__init__()
         config = model.config
         if config.model_type not in SUPPORTED:
-            raise ValueError(
-                f"model type {config.model_type!r}: the ExecuTorch export supports {', '.join(SUPPORTED)}"
-            )
-        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-            if config.model_type != "llama" and config.sliding_window < max_seq_len:
-                raise ValueError(f"a sliding window ({config.sliding_window}) is not supported by the export")
+            raise ValueError(f"model type {config.model_type!r}: the ExecuTorch export supports {', '.join(SUPPORTED)}")
+        window = getattr(config, "sliding_window", None)
+        if window and getattr(config, "use_sliding_window", True) and window < max_seq_len:
+            raise ValueError(f"a sliding window ({window}) shorter than max_seq_len is not supported by the export")
         self.model = model
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
