@@ -343,7 +343,8 @@ def _set_threads(threads: int) -> None:
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
     except ImportError:
         raise InputError("--engine-opt threads: this ExecuTorch cannot set its threadpool size") from None
-    _unsafe_reset_threadpool(threads)
+    with _captured_stderr():  # the runtime logs "Resetting threadpool to N threads."
+        _unsafe_reset_threadpool(threads)
 
 
 def _tokenizer(source: Path | None) -> Any | None:
