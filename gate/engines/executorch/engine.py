@@ -57,6 +57,7 @@ from gate.engines._common import (
     stop_token_ids,
 )
 from gate.engines._logits import first_argmax, top_k_pairs
+from gate.engines._machine import host_machine
 from gate.engines.executorch.cache import PTE_NAME, executorch_program, read_program_manifest
 from gate.engines.executorch.export import BACKEND, RECIPES
 from gate.errors import EngineError, InputError
@@ -191,6 +192,7 @@ class ExecuTorchEngine(TokenizerMethods):
             "options": {k: v for k, v in self.options.items() if v is not None},
             "model": self.model_id,
             **host_platform(),
+            "hardware": host_machine("cpu"),
         }
         if manifest:
             out["export"] = {k: export[k] for k in sorted(export)}
