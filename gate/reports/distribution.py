@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gate.core.verdict.distribution import BEYOND_WHY, MIN_POSITIONS, Figures, RunDistribution
+from gate.core.verdict.distribution import (
+    BEYOND_WHY,
+    MIN_POSITIONS,
+    NOT_JUDGED_WHY,
+    RULE_NOT_JUDGED,
+    Figures,
+    RunDistribution,
+)
 from gate.core.verdict.result import GateResult
 
 CLASS_WORDS = {"match": "match", "exact_tie": "exact tie", "near_tie": "near tie", "defect": "defect"}
@@ -64,6 +71,13 @@ def floor_line(d: RunDistribution) -> tuple[str, str]:
         f"mean KL ≤ {fl.kl_mean_limit:.3f} mnats, p99 KL ≤ {fl.kl_p99_limit:.3f} mnats, same top ≥ "
         f"{100 * (1 - fl.same_top_miss_limit):.2f}% (the honest floor × margin {fl.margin:g}; {fl.measured_by})"
     )
+    if d.insufficient:
+        beyond = f" (figures beyond the floor as measured: {'; '.join(d.beyond_figures)})" if d.beyond_figures else ""
+        return (
+            f"distribution verdict: NOT JUDGED — {NOT_JUDGED_WHY}: {d.not_judged_reason}{beyond}. "
+            f"Not a pass (exit 1, rule {RULE_NOT_JUDGED})",
+            LOUD,
+        )
     if not d.judged:
         return (
             f"distribution verdict: not judged — {d.overall.positions} positions with the candidate's top-k on the "
@@ -95,11 +109,12 @@ def distribution_lines(result: GateResult) -> list[tuple[str, str]]:
         ]
     head = (
         f"distribution vs the oracle at {d.overall.positions} positions sharing its context (free-run prefix and "
-        "forced; KL(oracle ‖ candidate) over the common top-k, each side renormalised over it)"
+        "forced, the worse of the two where both; KL(oracle ‖ candidate) over both lists, an oracle token the "
+        "candidate lacks at its smallest listed probability)"
     )
     lines = [(head, QUIET), *((x, QUIET) for x in figure_lines(d.overall)), (class_line(d), QUIET)]
     if d.overall.no_common_support:
-        lines.append((f"  {d.overall.no_common_support} positions with no token in common (KL counted 0)", QUIET))
+        lines.append((f"  {d.overall.no_common_support} positions with no token in common", QUIET))
     lines.append(floor_line(d))
     return lines
 
@@ -139,7 +154,7 @@ def junit_distribution_case(result: GateResult, suites: Any, suite: Any, classna
     import xml.etree.ElementTree as ET
 
     d = result.distribution
-    if d is None or not d.beyond:
+    if d is None or not (d.beyond or d.insufficient):
         return
     verdict, _ = floor_line(d)
     case = ET.SubElement(suite, "testcase", classname=classname, name="distribution", time="0")
