@@ -119,7 +119,10 @@ def _not_a_pass(oracle: Trace, cand: Trace, doctrine: Doctrine) -> bool:
 
 
 lists = st.lists(
-    st.tuples(st.integers(0, 30), st.floats(-12.0, -0.01, allow_nan=False)), min_size=1, max_size=8, unique_by=lambda p: p[0]
+    st.tuples(st.integers(0, 30), st.floats(-12.0, -0.01, allow_nan=False)),
+    min_size=1,
+    max_size=8,
+    unique_by=lambda p: p[0],
 )
 
 
@@ -217,13 +220,19 @@ def test_free_run_and_forced_lists_are_both_measured_the_worse_counts() -> None:
     bad = []
     for o in oracle.records:
         far = [[[t, lp] for t, lp in reversed(top)] for top in o.top_logprobs or ()]  # the same tokens, ranks reversed
-        far = [sorted([[t, lp] for (t, _), (_, lp) in zip(top, reversed(top), strict=True)], key=lambda p: (-p[1], p[0])) for top in far]
+        far = [
+            sorted([[t, lp] for (t, _), (_, lp) in zip(top, reversed(top), strict=True)], key=lambda p: (-p[1], p[0]))
+            for top in far
+        ]
         bad.append(
             replace(
                 o,
                 top_logprobs=far,
                 forced_token_ids=o.token_ids,
-                extra={"forced_top_logprobs": [list(map(list, t)) for t in o.top_logprobs or ()], "forced_mode": "prefill"},
+                extra={
+                    "forced_top_logprobs": [list(map(list, t)) for t in o.top_logprobs or ()],
+                    "forced_mode": "prefill",
+                },
             )
         )
     cand = Trace(replace(oracle.header, role="candidate"), tuple(bad), "c.jsonl")

@@ -108,7 +108,9 @@ def replace_unlisted(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
     tops = _lists(recs[k], part)
     assert tops is not None
     otop = by_id[recs[k].id].top_logprobs
-    taken = {int(t) for t, _ in tops[i]} | ({int(t) for t, _ in otop[i]} if otop is not None and i < len(otop) else set())
+    taken = {int(t) for t, _ in tops[i]} | (
+        {int(t) for t, _ in otop[i]} if otop is not None and i < len(otop) else set()
+    )
     new = max(taken | {0}) + 1 + rng.randrange(1000)
     j = rng.randrange(len(tops[i]))
     pos = [list(p) for p in tops[i]]

@@ -199,7 +199,9 @@ def pin_own_doctrine(pin: Pin) -> tuple[dict[str, Any] | None, str]:
     return own, where
 
 
-def check_doctrines_agree(header: Mapping[str, Any], settings: Mapping[str, Any], pin_path: str, settings_path: str) -> None:
+def check_doctrines_agree(
+    header: Mapping[str, Any], settings: Mapping[str, Any], pin_path: str, settings_path: str
+) -> None:
     """The pin trace header's doctrine and oracle.json's, field by field (and, for an object
     such as `floor` or `evidence`, key by key): any difference is a PinError (exit 2)."""
     for key in sorted(set(header) | set(settings)):

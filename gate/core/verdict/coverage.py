@@ -117,7 +117,11 @@ class Coverage:
                 "data (forced_token_ids and forced_top_logprobs)"
             )
         if self.prompts:
-            more = f" and {self.prompts_lacking - len(self.prompts)} more" if self.prompts_lacking > len(self.prompts) else ""
+            more = (
+                f" and {self.prompts_lacking - len(self.prompts)} more"
+                if self.prompts_lacking > len(self.prompts)
+                else ""
+            )
             parts.append(f"in prompts {', '.join(repr(p) for p in self.prompts)}{more}")
         return "; ".join(parts)
 
@@ -175,4 +179,3 @@ def coverage_of(
         prompts=tuple(lacking[:PROMPTS_NAMED]),
         prompts_lacking=len(lacking),
     )
-

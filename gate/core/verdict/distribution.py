@@ -135,7 +135,13 @@ def top_token(top: Sequence[Sequence[Any]]) -> int | None:
 
 
 def point_at(
-    prompt_id: str, position: int, cls: str, oracle_top: Sequence[Sequence[Any]], oracle_token: int, ctop: Any, keep: int
+    prompt_id: str,
+    position: int,
+    cls: str,
+    oracle_top: Sequence[Sequence[Any]],
+    oracle_token: int,
+    ctop: Any,
+    keep: int,
 ) -> Point:
     """One position's figures from the candidate's list there."""
     cand = canonical(ctop, keep)
