@@ -235,8 +235,13 @@ def test_save_trace_then_gate_it_as_a_candidate_trace(pins: Path, tmp_path: Path
     assert r.exit_code == 2, r.output
     assert "already exists; pass --force" in r.stderr
 
-    # Bring your own trace: the same adjudication without any engine, model from the header.
+    # Bring your own trace: the same adjudication without any engine. The pin is the model
+    # asked for (the default model unless --model names one), never the trace header's.
     r = invoke(["run", "--candidate-trace", str(saved), "--pins-dir", str(pins), "--format", "json"])
+    assert r.exit_code == 2 and "no pin folder for HuggingFaceTB/SmolLM2-135M-Instruct" in r.stderr, r.output
+    r = invoke(
+        ["run", "--candidate-trace", str(saved), "--pins-dir", str(pins), "--model", TOY_MODEL, "--format", "json"]
+    )
     assert r.exit_code == 0, r.output
     again = report(r)
     assert again["counts"] == first["counts"]
@@ -269,7 +274,9 @@ def test_candidate_trace_missing_a_prompt_is_an_input_error(pins: Path, tmp_path
     assert run(pins, "--save-trace", str(saved)).exit_code == 0
     lines = saved.read_text().splitlines()
     (tmp_path / "short.jsonl").write_text("\n".join(lines[:-1]) + "\n")
-    r = invoke(["run", "--candidate-trace", str(tmp_path / "short.jsonl"), "--pins-dir", str(pins)])
+    r = invoke(
+        ["run", "--candidate-trace", str(tmp_path / "short.jsonl"), "--pins-dir", str(pins), "--model", TOY_MODEL]
+    )
     assert r.exit_code == 2, r.output
     assert "missing prompt(s) 'p05'" in r.stderr
 

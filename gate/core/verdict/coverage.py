@@ -108,7 +108,7 @@ class Coverage:
         if self.required == 0:
             parts.append("no position carries the candidate's top-k")
         if self.missing:
-            parts.append(f"{plural(self.missing, 'position')} with no (or an empty) top-k list of {self.required}")
+            parts.append(f"{self.missing} of the {self.required} top-k lists needed absent or empty")
         if self.short:
             parts.append(f"{plural(self.short, 'list')} shorter than the pin's top_k {self.pin_top_k}")
         if self.uncovered:
