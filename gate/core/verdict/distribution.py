@@ -9,11 +9,12 @@ divergence, and every position of a prompt the candidate was teacher-forced thro
 its own top-k, `forced_top_logprobs`; where both exist at a position, the worse of the two
 counts, so a disagreement between its decode path and its prefill counts against it):
 
-- KL(oracle || candidate) over the oracle's list and the candidate's (its first top_k
-  entries), in mnats (`kl_mnats`): an oracle token the candidate's list lacks is given the
-  candidate's smallest listed probability (its list is its top k: nothing outside it is
-  larger), and the candidate's mass on tokens the oracle does not list stays in its
-  normaliser; hiding an entry, or putting an unlisted token in its place, never lowers it;
+- KL(oracle || candidate) over the oracle's list, both sides renormalised over it, in mnats
+  (`kl_mnats`): an oracle token the candidate's list (its first top_k entries) lacks is
+  charged at the list's smallest probability (nothing outside its top k is larger), or at
+  the largest it gives a token the oracle does not list (the slot it may have been moved
+  into), whichever is worse; hiding an entry, or putting an unlisted token in its place,
+  never lowers it;
 - same top: the oracle's token is listed by the candidate at its list's maximum;
 - Δp: the candidate's probability of the oracle's token minus the oracle's, in percent
   (where the candidate's list holds it).
@@ -96,25 +97,34 @@ def canonical(top: Sequence[Sequence[Any]], keep: int) -> dict[int, float]:
 
 
 def kl_mnats(oracle_top: Sequence[Sequence[Any]], cand: Mapping[int, float]) -> tuple[float, int]:
-    """KL(oracle || candidate) in mnats, with the size of the common support.
+    """KL(oracle || candidate) over the oracle's list, both sides renormalised over it, in
+    mnats, with the size of the common support.
 
-    The oracle side is its list renormalised over it. The candidate side is its list `cand`
-    (its top entries, `canonical`) renormalised over the union of both lists, each oracle
-    token it lacks given its smallest listed logprob: the list is its top k, so a token
-    outside it has at most that. The bound makes withholding evidence costly: replacing a
-    listed oracle token by one the oracle does not list (at the same logprob) lowers that
-    token's mass to the bound and adds the bound to the normaliser, and each only raises the
-    KL (d KL = p_t log(c_t / b) + log(1 + b / Z) >= 0). An empty `cand` is not measured (0, 0)."""
+    An oracle token the candidate's list `cand` (its top entries, `canonical`) lacks has at
+    most the list's smallest logprob b (the list is its top k); and it may be a token the
+    candidate moved into the slot of one the oracle does not list. So each such token is
+    charged at b or at the largest logprob the list gives a token the oracle does not list,
+    whichever makes the KL larger: replacing a listed oracle token by an unlisted one at the
+    same logprob can then only raise the KL (the configuration before is one of those
+    charged after). The KL is quasi-convex in each charged value, so its maximum over those
+    choices is at their ends, and for k tokens at the top end at the k the oracle gives the
+    least mass: k = 0 .. |absent| covers it. An empty `cand` is not measured (0, 0)."""
     if not cand:
         return 0.0, 0
     o = lp_map(oracle_top)
-    bound = min(cand.values())
-    q = {t: cand.get(t, bound) for t in o}
-    outside = [lp for t, lp in cand.items() if t not in o]
     o_lse = _logsumexp(list(o.values()))
-    c_lse = _logsumexp([*q.values(), *outside])
-    kl = math.fsum(math.exp(o[t] - o_lse) * ((o[t] - o_lse) - (q[t] - c_lse)) for t in o)
-    return 1000.0 * max(kl, 0.0), sum(1 for t in o if t in cand)
+    share = {t: math.exp(lp - o_lse) for t, lp in o.items()}
+    bound = min(cand.values())
+    top = max((lp for t, lp in cand.items() if t not in o), default=bound)
+    absent = sorted((t for t in o if t not in cand), key=lambda t: (share[t], t))
+    best = -math.inf
+    for k in range(len(absent) + 1 if top > bound else 1):
+        high = set(absent[:k])
+        q = {t: cand.get(t, top if t in high else bound) for t in o}
+        c_lse = _logsumexp(list(q.values()))
+        kl = math.fsum(share[t] * ((o[t] - o_lse) - (q[t] - c_lse)) for t in o)
+        best = max(best, kl)
+    return 1000.0 * max(best, 0.0), len(o) - len(absent)
 
 
 def same_top(oracle_token: int, cand: Mapping[int, float]) -> bool:
