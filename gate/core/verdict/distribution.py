@@ -15,7 +15,8 @@ counts, so a disagreement between its decode path and its prefill counts against
   the largest it gives a token the oracle does not list (the slot it may have been moved
   into), whichever is worse; hiding an entry, or putting an unlisted token in its place,
   never lowers it;
-- same top: the oracle's token is listed by the candidate at its list's maximum;
+- same top: the candidate's list's maximum is the oracle's token (the lowest id among equal
+  maxima, as `torch.argmax`; a token the oracle does not list tied at the top is a miss);
 - Δp: the candidate's probability of the oracle's token minus the oracle's, in percent
   (where the candidate's list holds it).
 
@@ -32,7 +33,7 @@ Pure: no I/O, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,11 +128,18 @@ def kl_mnats(oracle_top: Sequence[Sequence[Any]], cand: Mapping[int, float]) -> 
     return 1000.0 * max(best, 0.0), len(o) - len(absent)
 
 
-def same_top(oracle_token: int, cand: Mapping[int, float]) -> bool:
-    """The oracle's token is listed at the candidate's maximum (an exact tie at the top counts:
-    which of equal maxima a list names first says nothing about the numbers)."""
+def same_top(oracle_token: int, cand: Mapping[int, float], oracle_ids: Collection[int]) -> bool:
+    """The candidate's top is the oracle's token: listed at the list's maximum, and any other
+    token at that maximum is one the oracle lists with a higher id (`torch.argmax` takes the
+    lowest id among equal maxima). A token the oracle does not list, tied at the top, makes it
+    a miss: replacing a listed token by an unlisted one can then lose a hit, never win one."""
     lp = cand.get(oracle_token)
-    return lp is not None and lp >= max(cand.values())
+    if lp is None:
+        return False
+    peak = max(cand.values())
+    if lp < peak:
+        return False
+    return all(t == oracle_token or (t in oracle_ids and t > oracle_token) for t, v in cand.items() if v >= peak)
 
 
 def top_token(top: Sequence[Sequence[Any]]) -> int | None:
@@ -158,7 +166,7 @@ def point_at(
     kl, support = kl_mnats(oracle_top, cand)
     olp = lp_map(oracle_top)[oracle_token]
     dp = 100.0 * (math.exp(cand[oracle_token]) - math.exp(olp)) if oracle_token in cand else None
-    return Point(prompt_id, position, cls, kl, same_top(oracle_token, cand), dp, support)
+    return Point(prompt_id, position, cls, kl, same_top(oracle_token, cand, lp_map(oracle_top)), dp, support)
 
 
 def worse(a: Point, b: Point) -> Point:
