@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from helpers.evidence_cuts import CUTS, apply_cuts
@@ -212,3 +213,50 @@ def test_random_cut_sequences_on_many_failing_traces() -> None:
         if checked == 30:
             break
     assert checked == 30
+
+
+# --------------------------------------------------------------------------- on the default pin
+
+
+def test_cuts_on_hostile_candidates_of_the_default_pin_stay_failing() -> None:
+    """The default pin, its committed floor and doctrine: a candidate whose runner-up is
+    raised by 3 evidence units everywhere (beyond the floor and the drift limit), and one
+    greedy over nothing it reports (not greedy), each failing; every cut keeps them failing."""
+    from helpers.pin_attacks import candidate, pin, raise_runner_up, same
+
+    from gate.core.pins.pin import doctrine_for, load_pin
+    from gate.core.traces.trace import TraceHeader
+
+    oracle = pin()
+    doctrine = doctrine_for(load_pin("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert doctrine.floor is not None
+
+    def as_trace(head: dict[str, Any], recs: list[dict[str, Any]]) -> Trace:
+        from gate.core.traces.trace import PromptRecord
+
+        records = []
+        for r in recs:
+            known = {k: r[k] for k in ("id", "prompt_token_ids", "token_ids", "top_logprobs") if k in r}
+            extra = {k: v for k, v in r.items() if k not in (*known, "forced_token_ids")}
+            forced = tuple(r["forced_token_ids"]) if "forced_token_ids" in r else None
+            records.append(
+                PromptRecord(
+                    **{**known, "prompt_token_ids": tuple(r["prompt_token_ids"]), "token_ids": tuple(r["token_ids"])},
+                    forced_token_ids=forced,
+                    extra=extra,
+                )
+            )
+        header = TraceHeader("candidate", head["model"], head["top_k"], head["engine"])
+        return Trace(header, tuple(records), "cand.jsonl")
+
+    def penalised(p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> int | None:
+        return int(top[1][0]) if (p + i) % 9 == 0 else None
+
+    hostile = {
+        "runner-up +3 units": as_trace(*candidate(raise_runner_up(3.0))),
+        "not greedy": as_trace(*candidate(same, choose=penalised)),
+    }
+    for name, cand in hostile.items():
+        assert compare(oracle, cand, doctrine).exit_code == 1, name
+        for cut in sorted(CUTS):
+            assert _not_a_pass(oracle, apply_cuts(cand, oracle, [(cut, 5)]), doctrine), (name, cut)
