@@ -88,7 +88,9 @@ def run_gate(
         if given:
             raise InputError(f"--candidate-trace adjudicates a trace as it is: {', '.join(given)} cannot go with it")
         cand = read_trace(candidate_trace, role="candidate")
-        pin = load_pin(model or cand.header.model, pins_dir)
+        # The pin is the one asked for (--model, else the default model), never the one the
+        # trace names: a trace for another model is refused (exit 2) by the provenance check.
+        pin = load_pin(model or default_model(), pins_dir)
         outcome = gate_trace_against_pin(pin, cand, doctrine_for(pin, flags, strict=strict))
     else:
         pin = load_pin(model or default_model(), pins_dir)
@@ -228,6 +230,7 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
         "run each prompt greedily from its prompt_token_ids for max_tokens tokens and write a candidate trace: "
         f"a header line such as {header}, then one record per prompt with id, prompt_token_ids and token_ids "
         "(top_logprobs optional); gate it with: gate run --candidate-trace TRACE"
+        + (f" --model {pin.model}" if model is not None else "")
     )
     return 0
 
