@@ -158,7 +158,7 @@ def test_the_hf_engine_runs_the_default_model_with_its_exact_tie(
     """On "import numpy as np" SmolLM2's bf16 logits put "\\n" (198) and "import" (2017) in
     an exact tie at position 1: the lowest id wins, the highest-id rule takes 2017."""
     from gate.core.engine import PromptInput
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     monkeypatch.setenv("GATE_CACHE_DIR", str(built[0].parent))
     for tie_break, expected in (("lowest", 198), ("highest", 2017)):

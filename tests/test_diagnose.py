@@ -47,7 +47,7 @@ def moe(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any]]
 
 
 def run(setup: tuple[Path, Any, Any], engine: Any, path: str = "decode") -> Any:
-    from gate.engines.capture_hf import capture_hf
+    from gate.engines.hf.capture import capture_hf
     from gate.workflows.diagnose import Target, capturer_for, diagnose
 
     _, ref, hon = setup
@@ -105,7 +105,7 @@ def test_a_decode_only_bug_is_located_on_the_decode_path_only(llama: tuple[Path,
 
 
 def test_the_selftest_skip_layer_mutant_is_located_at_its_layer(llama: tuple[Path, Any, Any]) -> None:
-    from gate.engines.mutants import LayerSkippedHFEngine
+    from gate.workflows.mutants import LayerSkippedHFEngine
 
     d = run(llama, LayerSkippedHFEngine(str(llama[0]), layer=1))
     assert located(d) == (1, "residual"), d.summary
@@ -116,7 +116,7 @@ def test_the_selftest_skip_layer_mutant_is_located_at_its_layer(llama: tuple[Pat
 def test_honest_engines_in_process_are_located_nowhere(llama: tuple[Path, Any, Any], opts: dict[str, str]) -> None:
     import torch
 
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     before = torch.get_num_threads()
     try:
@@ -131,7 +131,7 @@ def test_honest_engines_in_process_are_located_nowhere(llama: tuple[Path, Any, A
 def test_moe_expert_and_router_bugs_are_located(moe: tuple[Path, Any, Any]) -> None:
     from helpers import planted_engines
 
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     d = run(moe, planted_engines.ExpertScaleBug(str(moe[0]), layer="1", expert="0"))
     assert located(d) == (1, "experts"), d.summary
@@ -145,7 +145,7 @@ def test_honest_engines_under_every_forceable_isa_path_are_located_nowhere(llama
     """Each variant in its own process (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA are read when
     torch loads), against this process's reference and band: the margin's premise."""
     from gate.core.diagnosis.locate import compare_path
-    from gate.engines.capture_hf import capture_hf
+    from gate.engines.hf.capture import capture_hf
     from gate.workflows.diagnose_variants import HONEST_VARIANTS, capture_in_subprocess
 
     path, ref, hon = llama

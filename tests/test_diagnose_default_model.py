@@ -30,7 +30,7 @@ def default() -> Iterator[tuple[str, Any, Any, Any]]:
 
 
 def run(default: tuple[str, Any, Any, Any], engine: Any) -> Any:
-    from gate.engines.capture_hf import capture_hf
+    from gate.engines.hf.capture import capture_hf
     from gate.workflows.diagnose import capturer_for, diagnose
 
     _, target, ref, hon = default
@@ -53,7 +53,7 @@ def test_a_planted_attention_bug_in_layer_9_is_located_there(default: tuple[str,
 
 
 def test_the_skip_layer_mutant_is_located_at_its_layer(default: tuple[str, Any, Any, Any]) -> None:
-    from gate.engines.mutants import LayerSkippedHFEngine
+    from gate.workflows.mutants import LayerSkippedHFEngine
 
     d = run(default, LayerSkippedHFEngine(default[0]))
     assert d.finding.first is not None and d.finding.first.layer == 15, d.summary

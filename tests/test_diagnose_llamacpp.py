@@ -1,5 +1,5 @@
 """`gate diagnose` on llama.cpp (the default model's own Q4_1 GGUF), through ggml's eval callback:
-every graph tensor named in gate.engines.capture_llamacpp maps to its transformers point, and a
+every graph tensor named in gate.engines.llamacpp.capture maps to its transformers point, and a
 planted KV-cache bug in a LlamaCppEngine subclass (a cell evicted before each decode step)
 is located at layer 0's attention on the decode path only."""
 
@@ -32,9 +32,9 @@ def setup() -> Iterator[tuple[Any, Any, Any, Any]]:
 
 
 def test_every_llamacpp_point_maps_to_a_transformers_point(setup: tuple[Any, Any, Any, Any]) -> None:
-    from gate.engines.capture_hf import capture_hf
-    from gate.engines.capture_llamacpp import capture_llamacpp
-    from gate.engines.llamacpp import LlamaCppEngine
+    from gate.engines.hf.capture import capture_hf
+    from gate.engines.llamacpp.capture import capture_llamacpp
+    from gate.engines.llamacpp.engine import LlamaCppEngine
     from gate.models.default import DEFAULT_MODEL
 
     _, t, ref, _ = setup
@@ -68,7 +68,7 @@ class _KVEvictionBug:
 
 
 def test_a_llamacpp_kv_cache_bug_is_located_on_the_decode_path_only(setup: tuple[Any, Any, Any, Any]) -> None:
-    from gate.engines.llamacpp import LlamaCppEngine
+    from gate.engines.llamacpp.engine import LlamaCppEngine
     from gate.models.default import DEFAULT_MODEL
     from gate.workflows.diagnose import diagnose_engine
 

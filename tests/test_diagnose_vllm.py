@@ -33,7 +33,7 @@ def faulty_copy(clean: Path, folder: Path) -> Path:
 
 
 def diagnosed(weights: Path, reference: Path) -> Any:
-    from gate.engines.vllm import VLLMEngine
+    from gate.engines.vllm.engine import VLLMEngine
     from gate.workflows.diagnose import Target, diagnose_engine
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -18,7 +18,7 @@ from gate.core.engine import Engine, PromptInput  # noqa: E402
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, check_top_logprobs, read_trace, write_trace  # noqa: E402
 from gate.core.verdict.adjudicate import compare  # noqa: E402
 from gate.core.verdict.doctrine import Doctrine  # noqa: E402
-from gate.engines.hf import HFEngine, top_k_pairs  # noqa: E402
+from gate.engines.hf.engine import HFEngine, top_k_pairs  # noqa: E402
 from gate.errors import InputError, TraceError  # noqa: E402
 
 TEXTS = ("import numpy as np", "The capital of France is", "1, 2, 3, 4,", "def main():\n    ")

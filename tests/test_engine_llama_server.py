@@ -15,7 +15,7 @@ import pytest
 from helpers.llama_servers import llama_server_binary
 
 from gate.core.engine import Engine, PromptInput
-from gate.engines.llama_server import LlamaServerEngine
+from gate.engines.http.llama_server import LlamaServerEngine
 from gate.engines.registry import load_engine
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL

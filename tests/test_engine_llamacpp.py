@@ -19,7 +19,7 @@ from helpers.tiny_gguf import BOS_ID, TIE_HIGH, TIE_LOW, build_tie_gguf
 from gate.core.engine import PromptInput
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import compare
-from gate.engines.llamacpp import LlamaCppEngine
+from gate.engines.llamacpp.engine import LlamaCppEngine
 from gate.errors import EngineError, InputError
 
 TOP_K = 4

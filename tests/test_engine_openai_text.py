@@ -12,7 +12,7 @@ import pytest
 from helpers.llama_servers import have_llama_cpp_python_server, llama_cpp_python_server
 
 from gate.core.engine import ForcedDecodeUnavailable, PromptInput
-from gate.engines.openai import OpenAIEngine
+from gate.engines.http.openai import OpenAIEngine
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, find_gguf
 

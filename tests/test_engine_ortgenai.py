@@ -19,7 +19,7 @@ from gate.core.engine import PromptInput
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import compare
 from gate.errors import InputError
-from gate.models.onnx import ONNX_MANIFEST, check_onnx_folder, onnx_model, write_manifest
+from gate.engines.ortgenai.builder import ONNX_MANIFEST, check_onnx_folder, onnx_model, write_manifest
 
 TOP_K = 4
 TEXTS = ("import numpy as np", "The capital of France is", "1, 2, 3, 4,")
@@ -103,7 +103,7 @@ def test_faults_through_gate_run_are_one_line(tmp_path: Path, make: str, code: i
 @pytest.fixture(scope="module")
 def tie_onnx(tie_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     pytest.importorskip("transformers")
-    from gate.engines.ortgenai import OrtGenAIEngine
+    from gate.engines.ortgenai.engine import OrtGenAIEngine
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GATE_CACHE_DIR", str(tmp_path_factory.mktemp("gate-cache")))
@@ -127,7 +127,7 @@ def test_the_runtime_breaks_exact_ties_toward_the_lowest_id(tie_onnx: object, ti
     the HF engine (torch.argmax) as oracle sees a strict pass."""
     from helpers.tiny_models import TIE_HIGH, TIE_LOW
 
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     records = tie_onnx.generate(_prompts(tie_onnx, 6), TOP_K)  # type: ignore[attr-defined]
     for rec in records:
@@ -184,7 +184,7 @@ def test_a_corrupt_cached_build_is_rebuilt(tie_model_path: Path, tmp_path: Path)
 @pytest.fixture(scope="module")
 def default_fp32() -> Iterator[object]:
     pytest.importorskip("transformers")
-    from gate.engines.ortgenai import OrtGenAIEngine
+    from gate.engines.ortgenai.engine import OrtGenAIEngine
     from gate.models.default import DEFAULT_MODEL
 
     engine = OrtGenAIEngine(DEFAULT_MODEL, precision="fp32", threads=1)
@@ -225,7 +225,7 @@ def test_batched_decoding_is_the_one_prompt_loop_bit_for_bit(default_fp32: objec
     prompt holds the pad id inside it, and a prompt that ends with it cannot be told from
     padding, so it runs alone. Each prompt's record is the batch-of-one record."""
     from gate.core.pins.pin import load_pin
-    from gate.engines.ortgenai import OrtGenAIEngine
+    from gate.engines.ortgenai.engine import OrtGenAIEngine
 
     pin = load_pin(default_fp32.model_id, Path(__file__).parent.parent / "oracle_pins")  # type: ignore[attr-defined]
     pad = default_fp32.pad_token_id  # type: ignore[attr-defined]

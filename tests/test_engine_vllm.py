@@ -32,7 +32,7 @@ N_TOKENS = 12
 @pytest.fixture(scope="module")
 def vllm_engine(qwen3_moe_path: Path) -> Iterator[Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from gate.engines.vllm import VLLMEngine
+    from gate.engines.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(str(qwen3_moe_path), max_model_len=256)
     try:
@@ -118,7 +118,7 @@ def test_forced_decode_follows_foreign_tokens(vllm_engine: Any, batch: list[Prom
 def test_hf_engine_gated_against_the_vllm_oracle(oracle: list[PromptRecord], qwen3_moe_path: Path) -> None:
     """Same tiny MoE, HF candidate vs vLLM oracle: two implementations of the same bf16
     model may differ only by ties and near ties."""
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     hf = HFEngine(str(qwen3_moe_path))
     cand = hf.generate([PromptInput(o.id, o.prompt_token_ids, len(o.token_ids)) for o in oracle], TOP_K)
@@ -137,7 +137,7 @@ def test_top_k_above_max_logprobs_is_an_input_error(vllm_engine: Any, batch: lis
 
 
 def test_record_logits_adds_raw_logits(qwen3_moe_path: Path, oracle: list[PromptRecord]) -> None:
-    from gate.engines.vllm import VLLMEngine
+    from gate.engines.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(str(qwen3_moe_path), max_model_len=256, record_logits="true", force_mode="prefill")
     try:

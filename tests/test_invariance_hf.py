@@ -31,7 +31,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
 def matrix(tiny: tuple[Path, Path]) -> InvarianceResult:
     from helpers.tiny_pin import MODEL, one_thread
 
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
     from gate.workflows.invariance import InvariancePlan, run_invariance
 
     weights, pins = tiny
@@ -77,7 +77,7 @@ def test_batched_chunked_and_prefill_cells_run_and_are_compared(matrix: Invarian
 def test_a_batch_of_one_is_the_one_prompt_loop(tiny: tuple[Path, Path]) -> None:
     from helpers.tiny_pin import MODEL, one_thread
 
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
     from gate.workflows.run import prompt_inputs
 
     weights, pins = tiny

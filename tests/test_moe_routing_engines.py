@@ -56,7 +56,7 @@ def qwen3_5_moe_tie_path(tiny_models_dir: Path) -> Path:
 
 
 def hf(path: Path, **opts: str) -> Any:
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     return HFEngine(str(path), threads="1", **opts)
 
@@ -94,7 +94,7 @@ def test_dense_model_gets_no_hooks(llama_path: Path) -> None:
 def test_replaying_a_routers_own_choice_reproduces_it_bit_for_bit(build: Any) -> None:
     """The hook recomputes the routing weights as each router does (softmax renormalised;
     DeepSeek's biased sigmoid with grouped top-k): replaying what it chose changes nothing."""
-    from gate.engines.hf_routing import RouterHooks, find_routers
+    from gate.engines.hf.routing import RouterHooks, find_routers
 
     model = build()
     routers = find_routers(model)

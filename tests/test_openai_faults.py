@@ -18,7 +18,7 @@ from helpers.vllm_server import free_port
 from typer.testing import Result
 
 from gate.core.engine import ForcedDecodeUnavailable, PromptInput
-from gate.engines.openai import OpenAIEngine
+from gate.engines.http.openai import OpenAIEngine
 from gate.errors import EngineError, InputError
 
 KEY_ENV = "GATE_TEST_OPENAI_KEY"

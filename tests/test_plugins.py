@@ -139,7 +139,7 @@ def test_module_colon_class_loads_an_engine_without_an_entry_point(plugin: Path,
     ("name", "problem"),
     [
         ("no_such_module_for_gate:Engine", "cannot import no_such_module_for_gate"),
-        ("gate.engines.openai:NoSuchEngine", "has no attribute 'NoSuchEngine'"),
+        ("gate.engines.http.openai:NoSuchEngine", "has no attribute 'NoSuchEngine'"),
     ],
 )
 def test_module_colon_class_errors_are_input_errors(name: str, problem: str) -> None:

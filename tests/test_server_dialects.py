@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gate.engines.llama_server import LlamaServerEngine
-from gate.engines.openai import OpenAIEngine
-from gate.engines.openai_http import HttpClient, ServerError, parse_base_url
-from gate.engines.openai_text import TextCompletionsDialect
-from gate.engines.server import BoundedPool
+from gate.engines.http.llama_server import LlamaServerEngine
+from gate.engines.http.openai import OpenAIEngine
+from gate.engines.http.openai_http import HttpClient, ServerError, parse_base_url
+from gate.engines.http.openai_text import TextCompletionsDialect
+from gate.engines.http.server import BoundedPool
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL
 
@@ -95,7 +95,7 @@ def test_the_pool_bounds_requests_in_flight_and_keeps_order() -> None:
 def test_the_runner_sends_a_server_engine_its_concurrency_of_prompts_at_once() -> None:
     """With concurrency N the runner hands N prompts to one generate call, so N requests
     are in flight; handed one at a time, the pool would never run two."""
-    from gate.engines.server import ServerEngine
+    from gate.engines.http.server import ServerEngine
     from gate.workflows.engine_calls import batch_size_for
 
     engine = ServerEngine.__new__(ServerEngine)

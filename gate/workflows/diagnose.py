@@ -7,7 +7,7 @@ a position read from a prefill, `forced_mode` "prefill": one prefill over the co
 - the reference, transformers in float32 on the same weights;
 - the honest engine, transformers in the candidate's working dtype (bfloat16), whose error
   against the reference at each point is that point's honest band;
-- the candidate, captured through its own adapter (gate.engines.capture_hf, capture_llamacpp,
+- the candidate, captured through its own adapter (gate.engines.hf.capture, capture_llamacpp,
   capture_vllm).
 The other path is run too, to say which of the two shows the deviation.
 """
@@ -135,11 +135,11 @@ def diagnose(
 def capture_kind(cls: type) -> str | None:
     """ "hf" for HFEngine and its subclasses, "llamacpp" for LlamaCppEngine's, else None."""
     names = {c.__module__ + "." + c.__qualname__ for c in cls.__mro__}
-    if "gate.engines.hf.HFEngine" in names:
+    if "gate.engines.hf.engine.HFEngine" in names:
         return "hf"
-    if "gate.engines.llamacpp.LlamaCppEngine" in names:
+    if "gate.engines.llamacpp.engine.LlamaCppEngine" in names:
         return "llamacpp"
-    if "gate.engines.vllm.VLLMEngine" in names:
+    if "gate.engines.vllm.engine.VLLMEngine" in names:
         return "vllm"
     return None
 
@@ -157,15 +157,15 @@ def capturer_for(engine: Any) -> Capturer:
     """The capture adapter for a loaded candidate engine."""
     kind = capture_kind(type(engine))
     if kind == "hf":
-        from gate.engines.capture_hf import capture_hf
+        from gate.engines.hf.capture import capture_hf
 
         return lambda p, c, path: capture_hf(engine, p, c, path)
     if kind == "llamacpp":
-        from gate.engines.capture_llamacpp import capture_llamacpp
+        from gate.engines.llamacpp.capture import capture_llamacpp
 
         return lambda p, c, path: capture_llamacpp(engine, p, c, path)
     if kind == "vllm":
-        from gate.engines.capture_vllm import capture_vllm
+        from gate.engines.vllm.capture import capture_vllm
 
         return lambda p, c, path: capture_vllm(engine, p, c, path)
     check_capturable(type(engine), str(getattr(engine, "name", type(engine).__name__)))
@@ -175,7 +175,7 @@ def capturer_for(engine: Any) -> Capturer:
 @contextmanager
 def reference_engines(model_path: str, *, honest_dtype: str = "bfloat16") -> Iterator[tuple[Any, Any]]:
     """(reference, honest): transformers float32 and `honest_dtype` on the same weights."""
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     ref = HFEngine(model_path, dtype="float32")
     hon: HFEngine | None = None
@@ -199,7 +199,7 @@ def diagnose_engine(
     notes: Sequence[str] = (),
 ) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
-    from gate.engines.capture_hf import capture_hf
+    from gate.engines.hf.capture import capture_hf
 
     candidate = capturer_for(engine)
     with reference_engines(model_path, honest_dtype=honest_dtype) as (ref, hon):

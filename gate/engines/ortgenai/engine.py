@@ -1,7 +1,7 @@
 """The ONNX Runtime GenAI engine: an ONNX build of the model, decoded by `og.Generator`.
 
 The model: by default the ONNX build of the pinned checkpoint, made once by ONNX Runtime
-GenAI's own model builder (`gate.models.onnx`: fp32 or int4, CPU, cached under gate's cache
+GenAI's own model builder (`gate.engines.ortgenai.builder`: fp32 or int4, CPU, cached under gate's cache
 with a manifest); `model_path=FOLDER` runs any prebuilt ONNX Runtime GenAI folder instead.
 
 Greedy decode is the runtime's own: `GeneratorParams.set_search_options(do_sample=False)`,
@@ -44,7 +44,7 @@ from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, gree
 from gate.engines._logits import top_k_pairs
 from gate.errors import InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
-from gate.models.onnx import PRECISIONS, onnx_model, read_onnx_manifest, source_hashes
+from gate.engines.ortgenai.builder import PRECISIONS, onnx_model, read_onnx_manifest, source_hashes
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     "precision": (str, "fp32"),

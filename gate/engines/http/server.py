@@ -9,9 +9,9 @@ request per position on the cached prefix; "prefill", prompt logprobs; or "none"
 engine owns what is the same everywhere: the HTTP options, the API key, retries (in
 `HttpClient`), and a bounded pool of requests in flight.
 
-Built-in dialects: vLLM's OpenAI API with token ids (`gate.engines.openai`), OpenAI-style
-servers that take text (`gate.engines.openai_text`), llama.cpp's native API
-(`gate.engines.llama_server`). A new server (SGLang's `/generate`, TGI's `/generate`) is one
+Built-in dialects: vLLM's OpenAI API with token ids (`gate.engines.http.openai`), OpenAI-style
+servers that take text (`gate.engines.http.openai_text`), llama.cpp's native API
+(`gate.engines.http.llama_server`). A new server (SGLang's `/generate`, TGI's `/generate`) is one
 module with a dialect class and a `ServerEngine` subclass naming it, registered as a plugin
 (docs/engines.md shows one).
 """
@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from gate import __version__
 from gate.core.engine import ForcedDecode, PromptInput
 from gate.core.traces.trace import PromptRecord
-from gate.engines.openai_http import Endpoint, HttpClient, Transport, parse_base_url
+from gate.engines.http.openai_http import Endpoint, HttpClient, Transport, parse_base_url
 from gate.errors import InputError
 
 T = TypeVar("T")

@@ -2,8 +2,8 @@
 and requests with retries, backoff and error messages that never show the API key.
 
 The protocol mapping (completions, logprobs, the forced decode) is the engines' own:
-`gate.engines.openai` (vLLM's token ids), `gate.engines.openai_text` (servers that take text),
-`gate.engines.llama_server` (llama.cpp's native API).
+`gate.engines.http.openai` (vLLM's token ids), `gate.engines.http.openai_text` (servers that take text),
+`gate.engines.http.llama_server` (llama.cpp's native API).
 """
 
 from __future__ import annotations

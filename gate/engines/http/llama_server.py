@@ -48,9 +48,9 @@ from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput,
 from gate.core.storage.files import file_sha256
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_prompt_ids, greedy_record, locate_gguf
-from gate.engines.llama_server_process import LlamaServerProcess, find_binary
-from gate.engines.openai_http import HttpClient
-from gate.engines.server import HTTP_OPTIONS, BoundedPool, ServerEngine, check_http_options, connect
+from gate.engines.http.llama_server_process import LlamaServerProcess, find_binary
+from gate.engines.http.openai_http import HttpClient
+from gate.engines.http.server import HTTP_OPTIONS, BoundedPool, ServerEngine, check_http_options, connect
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, default_model_dir, read_manifest
 

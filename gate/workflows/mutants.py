@@ -31,7 +31,7 @@ from gate.core.calibration.selftest import (
     Mutation,
 )
 from gate.core.engine import Engine
-from gate.engines.hf import HFEngine
+from gate.engines.hf.engine import HFEngine
 from gate.errors import InputError
 
 SEVERAL_STEPS = 4

@@ -1,5 +1,5 @@
 """Capture for `gate diagnose` on the vLLM engine, through a worker extension (as
-gate.engines.vllm_routing records routing).
+gate.engines.vllm.routing records routing).
 
 `DiagnoseCapture` extends the routing extension: in the worker's process it registers forward
 hooks on the worker's model (`model.embed_tokens`, each `model.layers.N` and its norms,
@@ -39,10 +39,10 @@ from gate.core.diagnosis.capture import (
     Point,
     Tensor,
 )
-from gate.engines.vllm_routing import RoutingCapture
+from gate.engines.vllm.routing import RoutingCapture
 from gate.errors import InputError
 
-EXTENSION = "gate.engines.capture_vllm.DiagnoseCapture"
+EXTENSION = "gate.engines.vllm.capture.DiagnoseCapture"
 _LAYER = re.compile(r"^model\.layers\.(\d+)$")
 _CHILD = re.compile(r"^model\.layers\.(\d+)\.(input_layernorm|post_attention_layernorm|self_attn|mlp)$")
 
@@ -136,7 +136,7 @@ class DiagnoseCapture(RoutingCapture):
 
 def capture_vllm(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
     """The vLLM engine's capture over `context_ids` through `path` (see the module doc)."""
-    import gate.engines.vllm as vllm_engine
+    import gate.engines.vllm.engine as vllm_engine
 
     if path not in PATHS:
         raise InputError(f"path {path!r}: expected prefill or decode")

@@ -29,7 +29,7 @@ core: on a machine shared with other jobs, 1 avoids OpenMP spinning against them
 measured 7x slower per token with 2 threads on 2 busy cores), batch_size (default 1),
 prefill_chunk (default 0: the whole prompt in one forward), force_mode (decode, prefill).
 
-MoE models (docs/moe-routing.md): forward hooks on the routers (`gate.engines.hf_routing`,
+MoE models (docs/moe-routing.md): forward hooks on the routers (`gate.engines.hf.routing`,
 installed only when the model has MoE routers) record each input token's experts and
 router scores, in the records' `routed_experts`/`router_top` (free run) and
 `forced_routed_experts`/`forced_router_top` (forced). Options: record_routing (default
@@ -60,8 +60,8 @@ from gate.engines._common import (
 )
 from gate.engines._common import stop_token_ids as _stop_token_ids
 from gate.engines._machine import host_machine
-from gate.engines.hf_routing import SOFTMAX, RouterHooks, find_routers
-from gate.engines.hf_schedules import force_prefill, generate_batch, prefill_chunked
+from gate.engines.hf.routing import SOFTMAX, RouterHooks, find_routers
+from gate.engines.hf.schedules import force_prefill, generate_batch, prefill_chunked
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -193,7 +193,7 @@ class HFEngine(TokenizerMethods):
 
         Beyond v1's fields, each record's `extra["token_logits"]` holds the raw (float32)
         logit of the chosen token at every position. With `batch_size` N > 1, up to N
-        prompts at a time are decoded together (`gate.engines.hf_schedules`).
+        prompts at a time are decoded together (`gate.engines.hf.schedules`).
         """
         size = len(prompts) if self.batch_size == 0 else self.batch_size
         if size <= 1:

@@ -49,7 +49,7 @@ import orjson
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, greedy_record
-from gate.engines.openai_http import HttpClient, ServerError, quote
+from gate.engines.http.openai_http import HttpClient, ServerError, quote
 from gate.errors import EngineError, InputError
 
 FORCED_MODES = ("decode", "none")

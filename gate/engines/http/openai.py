@@ -13,7 +13,7 @@ that offers no prompt logprobs raises `ForcedDecodeUnavailable`; the runner then
 the positions after a prompt's first divergence as unadjudicated.
 
 `prompt=text` gates servers that take only text prompts (llama-cpp-python's server): the
-dialect in `gate.engines.openai_text` sends the pinned text after checking the server's
+dialect in `gate.engines.http.openai_text` sends the pinned text after checking the server's
 tokenisation of it, and maps returned strings to ids only where that is unambiguous.
 
 Only the standard library speaks HTTP: one keep-alive connection per worker thread, a
@@ -36,9 +36,9 @@ import orjson
 from gate import __version__
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
-from gate.engines.openai_http import ServerError, error_text, quote
-from gate.engines.openai_text import TextCompletionsDialect, local_decoder, stop_ids
-from gate.engines.server import BoundedPool, check_http_options, connect
+from gate.engines.http.openai_http import ServerError, error_text, quote
+from gate.engines.http.openai_text import TextCompletionsDialect, local_decoder, stop_ids
+from gate.engines.http.server import BoundedPool, check_http_options, connect
 from gate.errors import EngineError, InputError
 
 FORCED_MODES = ("none", "prefill")

@@ -4,7 +4,7 @@ a chunked prefill, and a forced decode in one prefill pass.
 Each runs the engine's own step function (`HFEngine._step`: the logits hook, the greedy pick,
 the top-k), so a schedule changes only which kernels compute the logits, never how they are
 read. The default schedule (one prompt at a time, the whole prompt in one forward, a decode
-step per forced token) is `gate.engines.hf` itself and does not come here.
+step per forced token) is `gate.engines.hf.engine` itself and does not come here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gate.core.engine import ForcedDecode, PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_prompt_ids, greedy_record
 
-# `engine` below is a `gate.engines.hf.HFEngine` (typed Any: that module imports this one).
+# `engine` below is a `gate.engines.hf.engine.HFEngine` (typed Any: that module imports this one).
 HFEngine = Any
 
 
