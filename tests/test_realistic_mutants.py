@@ -22,13 +22,13 @@ def test_realistic_candidates_alter_what_they_say(tmp_path: Path) -> None:
 
     from gate.core.engine import PromptInput
     from gate.engines.hf.engine import HFEngine
+    from gate.engines.hf.layers import decoder_layers
     from gate.workflows.mutants import (
         ConfinedRunnerUpHFEngine,
         DecodePositionShiftedHFEngine,
         KVQuantisedHFEngine,
         PenalisedSamplerHFEngine,
         WeightQuantisedHFEngine,
-        decoder_layers,
         fp8_round_trip,
         int8_round_trip,
         prompt_selected,

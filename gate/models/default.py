@@ -128,7 +128,7 @@ def materialize_default(cache_dir: str | os.PathLike[str] | None = None, *, log:
     tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
     try:
         _build(gguf, tmp)
-        _publish(tmp, target)
+        publish_build(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -226,7 +226,7 @@ def _build(gguf: Path, out: Path) -> None:
             os.fsync(fh.fileno())
 
 
-def _publish(tmp: Path, target: Path) -> None:
+def publish_build(tmp: Path, target: Path) -> None:
     """Move the finished build into place; an old (corrupt) folder is moved aside first."""
     old: Path | None = None
     if target.exists():

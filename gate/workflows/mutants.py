@@ -32,6 +32,7 @@ from gate.core.calibration.selftest import (
 )
 from gate.core.engine import Engine
 from gate.engines.hf.engine import HFEngine
+from gate.engines.hf.layers import decoder_layers
 from gate.errors import InputError
 
 SEVERAL_STEPS = 4
@@ -82,19 +83,6 @@ class _PassThrough(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return hidden_states
-
-
-def decoder_layers(model: Any) -> torch.nn.ModuleList:
-    """The model's list of decoder layers (`model.model.layers` for Llama-style models)."""
-    n = getattr(model.config, "num_hidden_layers", None)
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if isinstance(layers, torch.nn.ModuleList):
-        return layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
-            return module
-    raise InputError(f"cannot find the decoder layers of {type(model).__name__} to skip one")
 
 
 class LayerSkippedHFEngine(HFEngine):

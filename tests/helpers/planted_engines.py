@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from gate.engines.hf.engine import HFEngine
-from gate.workflows.mutants import decoder_layers
+from gate.engines.hf.layers import decoder_layers
 
 
 class AttentionBug(HFEngine):

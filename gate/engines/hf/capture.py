@@ -39,7 +39,7 @@ from gate.core.diagnosis.capture import (
     stack_rows,
 )
 from gate.engines.hf.routing import find_routers
-from gate.workflows.mutants import decoder_layers
+from gate.engines.hf.layers import decoder_layers
 from gate.errors import InputError
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer")

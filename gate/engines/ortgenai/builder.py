@@ -35,7 +35,7 @@ from gate import install_line
 from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.default import MANIFEST as DEFAULT_MANIFEST
-from gate.models.default import _publish
+from gate.models.default import publish_build
 from gate.models.listing import check_listed_files, listing_sha256, load_manifest, tokenizer_files, weight_files
 
 ONNX_MANIFEST = "gate-onnx-manifest.json"
@@ -109,7 +109,7 @@ def onnx_model(
     tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
     try:
         _build(src, tmp, precision, hashes)
-        _publish(tmp, target)
+        publish_build(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
