@@ -32,7 +32,7 @@ from gate.models.default import (
 
 pytestmark = pytest.mark.slow
 
-PIN = Path(__file__).parent.parent / "oracle_pins" / DEFAULT_MODEL / "pin.jsonl"
+PIN = Path(__file__).parents[2] / "oracle_pins" / DEFAULT_MODEL / "pin.jsonl"
 
 
 @pytest.fixture(scope="module")

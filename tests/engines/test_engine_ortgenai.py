@@ -198,7 +198,7 @@ def test_the_default_build_tokenizes_every_pinned_prompt_as_the_pin(default_fp32
     from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
     from gate.workflows.provenance import model_hashes
 
-    pin = load_pin(default_fp32.model_id, Path(__file__).parent.parent / "oracle_pins")  # type: ignore[attr-defined]
+    pin = load_pin(default_fp32.model_id, Path(__file__).parents[2] / "oracle_pins")  # type: ignore[attr-defined]
     check_prompt_ids(default_fp32, pin)  # type: ignore[arg-type]
     info = default_fp32.info()  # type: ignore[attr-defined]
     # built from the pin's own weights: the provenance check compares them and passes
@@ -227,7 +227,7 @@ def test_batched_decoding_is_the_one_prompt_loop_bit_for_bit(default_fp32: objec
     from gate.core.pins.pin import load_pin
     from gate.engines.ortgenai.engine import OrtGenAIEngine
 
-    pin = load_pin(default_fp32.model_id, Path(__file__).parent.parent / "oracle_pins")  # type: ignore[attr-defined]
+    pin = load_pin(default_fp32.model_id, Path(__file__).parents[2] / "oracle_pins")  # type: ignore[attr-defined]
     pad = default_fp32.pad_token_id  # type: ignore[attr-defined]
     recs = list(pin.trace.records[:5])
     chat = next(r for r in pin.trace.records if pad in r.prompt_token_ids[:-1])

@@ -22,7 +22,7 @@ from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import GateError, TraceError
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from helpers import trace_fuzzing
 
 FUZZ = settings(

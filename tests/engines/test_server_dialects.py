@@ -1,7 +1,7 @@
 """The server seam without a server: option checks, the refused-request rule, the bounded
 pool, and the text dialect's reading of string-keyed top-k maps.
 
-The real servers are in tests/test_engine_llama_server.py and tests/test_engine_openai_text.py.
+The real servers are in tests/engines/test_engine_llama_server.py and tests/engines/test_engine_openai_text.py.
 """
 
 from __future__ import annotations

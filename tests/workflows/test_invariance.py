@@ -4,7 +4,7 @@ Negative controls use fake engines (tests/helpers/fake_schedules.py): logits tha
 prompt's place in the batch, and logits that move a little on every call, must be reported
 as varying (exit 1); the honest toy model is bit-identical in every cell it can run, and a
 cell whose knob the engine does not state is listed as not run, with why. The real HF
-engine's cells are in tests/test_invariance_hf.py (slow).
+engine's cells are in tests/workflows/test_invariance_hf.py (slow).
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def test_the_default_gguf_tokenizes_every_pinned_prompt_as_the_pin(default_q4: L
     from gate.core.pins.pin import load_pin
     from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
 
-    pin = load_pin(default_q4.model_id, Path(__file__).parent.parent / "oracle_pins")
+    pin = load_pin(default_q4.model_id, Path(__file__).parents[2] / "oracle_pins")
     check_prompt_ids(default_q4, pin)
     assert any(sp.messages_dicts() for sp in pin.suite)  # chat prompts are among them
     assert default_q4.info()["pin_weights_dequantised_from_this_gguf"] is True

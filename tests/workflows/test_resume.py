@@ -186,7 +186,7 @@ def test_a_sigkilled_run_resumes_to_the_uninterrupted_report(pins: Path, tmp_pat
     """A child `gate run` killed with SIGKILL (as the OOM killer does) mid-run."""
     expected = json.loads(run(pins, *MUTATION).stdout)
     progress = tmp_path / "progress.jsonl"
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),

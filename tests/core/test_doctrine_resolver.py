@@ -31,7 +31,7 @@ from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE
 from gate.errors import InputError
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PIN = ROOT / "oracle_pins" / "HuggingFaceTB" / "SmolLM2-135M-Instruct"
 
 

@@ -11,7 +11,7 @@ from gate.core.traces.trace import FORCED_TOP_KEY
 from gate.core.verdict.doctrine import DOCTRINE_FIELDS, Evidence
 from gate.engines.registry import BUILTIN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE_FORMAT = (ROOT / "docs" / "trace-format.md").read_text()
 
 

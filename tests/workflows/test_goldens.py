@@ -47,7 +47,7 @@ from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 
 PROMPT = (11, 12, 13)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

@@ -236,7 +236,7 @@ def test_a_merged_trace_names_its_shards_without_this_machines_folders(machine: 
 
 # --------------------------------------------------------------------------- the committed files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

@@ -25,7 +25,7 @@ from gate.errors import INTERNAL_ERROR_EXIT
 from gate.reports import formats
 from gate.text import plural
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def commands() -> dict[str, Any]:

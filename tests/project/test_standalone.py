@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A path out of the repository into the development machine's shared folder.
 OUTSIDE = re.compile(r"\.\./shared|shared/spec/|shared/tools/|/work/")
 

@@ -359,7 +359,7 @@ def test_calibrate_runs_the_candidate_over_the_pin(
     """`gate calibrate` without trace files: the HF engine in float32 against a bf16 pin of a
     tiny model; the figures must equal those of calibrating the saved trace afterwards."""
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from helpers.tiny_pin import MODEL, build_tiny_pin, one_thread
 
     root = tmp_path_factory.mktemp("calibrate")

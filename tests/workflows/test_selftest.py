@@ -35,7 +35,7 @@ from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 from gate.workflows.selftest import run_selftest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from helpers.tiny_pin import MODEL, build_tiny_pin, one_thread
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from gate.core.traces.trace import read_trace
 from gate.engines import registry
 from gate.errors import InputError
 
-PLUGIN_SRC = Path(__file__).parent / "plugin_example"
+PLUGIN_SRC = Path(__file__).parents[1] / "plugin_example"
 MODEL = "fake/model"
 
 

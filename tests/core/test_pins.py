@@ -18,7 +18,7 @@ from gate.core.pins.pin import check_model_id, find_folder, load_pin, pin_folder
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace
 from gate.errors import InputError, PinError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QWEN = "Qwen/Qwen3.6-35B-A3B"
 
 

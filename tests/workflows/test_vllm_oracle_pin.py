@@ -31,7 +31,7 @@ from gate.models.default import DEFAULT_FOLDER
 
 pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_PINS = REPO / "oracle_pins"
 TINY = "tiny/llama-tied"
