@@ -18,8 +18,8 @@ from helpers.gate_cli import invoke
 from gate.core.engine import PromptInput
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import compare
-from gate.errors import InputError
 from gate.engines.ortgenai.builder import ONNX_MANIFEST, check_onnx_folder, onnx_model, write_manifest
+from gate.errors import InputError
 
 TOP_K = 4
 TEXTS = ("import numpy as np", "The capital of France is", "1, 2, 3, 4,")

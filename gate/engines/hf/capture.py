@@ -38,8 +38,8 @@ from gate.core.diagnosis.capture import (
     Tensor,
     stack_rows,
 )
-from gate.engines.hf.routing import find_routers
 from gate.engines.hf.layers import decoder_layers
+from gate.engines.hf.routing import find_routers
 from gate.errors import InputError
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer")

@@ -45,8 +45,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
+from gate.core.diagnosis.capture import PREFILL, Capture, activations_of
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import (
@@ -233,6 +235,20 @@ class HFEngine(TokenizerMethods):
             mode="decode",
             extra={"token_logits": logits_out, **self._routing_extra("forced_")},
         )
+
+    # ------------------------------------------------------------------ gate diagnose
+    def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Capture:
+        """`CapturesPaths`: forward hooks on this engine's own model (gate.engines.hf.capture),
+        loaded only for `gate diagnose`."""
+        from gate.engines.hf.capture import capture_hf
+
+        return capture_hf(self, prompt_token_ids, context_token_ids, path)
+
+    def capture_activations(
+        self, context_token_ids: Sequence[int], names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """`CapturesActivations`: one prefill over the context through `capture_path`."""
+        return activations_of(self.capture_path(context_token_ids, context_token_ids, PREFILL), names)
 
     def close(self) -> None:
         self.model = None

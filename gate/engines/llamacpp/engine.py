@@ -50,6 +50,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
+from gate.core.diagnosis.capture import PREFILL, Capture, activations_of
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.storage.files import file_sha256
 from gate.core.traces.trace import PromptRecord
@@ -253,6 +254,19 @@ class LlamaCppEngine:
 
     def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
         return [self._piece(t) for t in ids]
+
+    # ------------------------------------------------------------------ gate diagnose
+    def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Capture:
+        """`CapturesPaths`: ggml's eval callback (gate.engines.llamacpp.capture), loaded only for `gate diagnose`."""
+        from gate.engines.llamacpp.capture import capture_llamacpp
+
+        return capture_llamacpp(self, prompt_token_ids, context_token_ids, path)
+
+    def capture_activations(
+        self, context_token_ids: Sequence[int], names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """`CapturesActivations`: one prefill over the context through `capture_path`."""
+        return activations_of(self.capture_path(context_token_ids, context_token_ids, PREFILL), names)
 
     def close(self) -> None:
         if self.chain is not None and self.ctx is not None and self.ctx.ctx is not None:

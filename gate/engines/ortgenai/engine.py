@@ -42,9 +42,9 @@ from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform
 from gate.engines._logits import top_k_pairs
+from gate.engines.ortgenai.builder import PRECISIONS, onnx_model, read_onnx_manifest, source_hashes
 from gate.errors import InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
-from gate.engines.ortgenai.builder import PRECISIONS, onnx_model, read_onnx_manifest, source_hashes
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     "precision": (str, "fp32"),

