@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from gate import install_line
 from gate.core.engine import Engine
 from gate.errors import EngineError, InputError
+from gate.version import install_line
 
 BUILTIN: dict[str, str] = {
     "hf": "gate.engines.hf.engine:HFEngine",

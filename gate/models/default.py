@@ -30,10 +30,10 @@ from typing import Any
 
 import orjson
 
-from gate import install_line
 from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.listing import check_listed_files, listing_sha256, load_manifest, tokenizer_files, weight_files
+from gate.version import install_line
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_FOLDER = "SmolLM2-135M-Instruct-bf16"

@@ -33,13 +33,13 @@ from typing import Any, ClassVar, NoReturn
 
 import orjson
 
-from gate import __version__
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
 from gate.engines.http.openai_http import ServerError, error_text, quote
 from gate.engines.http.openai_text import TextCompletionsDialect, local_decoder, stop_ids
 from gate.engines.http.server import BoundedPool, check_http_options, connect
 from gate.errors import EngineError, InputError
+from gate.version import __version__
 
 FORCED_MODES = ("none", "prefill")
 TEXT_FORCED_MODES = ("decode", "none")

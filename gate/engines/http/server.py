@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from gate import __version__
 from gate.core.engine import ForcedDecode, PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.engines.http.openai_http import Endpoint, HttpClient, Transport, parse_base_url
 from gate.errors import InputError
+from gate.version import __version__
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -31,12 +31,12 @@ from typing import Any
 
 import orjson
 
-from gate import install_line
 from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.default import MANIFEST as DEFAULT_MANIFEST
 from gate.models.default import publish_build
 from gate.models.listing import check_listed_files, listing_sha256, load_manifest, tokenizer_files, weight_files
+from gate.version import install_line
 
 ONNX_MANIFEST = "gate-onnx-manifest.json"
 ONNX_MANIFEST_VERSION = 1
