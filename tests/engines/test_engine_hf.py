@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -286,3 +287,19 @@ def test_qwen3_5_moe_gated_against_itself(qwen3_5: HFEngine, qwen3_5_moe_path: P
     assert f32.verdict != "strict_pass", f32.summary
     assert f32.counts["exact_ties"] == 0  # not a tie-break difference: the numbers moved
     assert compare(o, trace("candidate", oracle), Doctrine()).verdict == "strict_pass"
+
+
+def test_its_capabilities_are_the_contracts_protocols(llama: HFEngine) -> None:
+    from gate.core.engine import CapturesPaths
+    from gate.engine import CapturesActivations, ForcesDecode, HasScheduleKnobs, ReplaysRouting
+
+    for capability in (ForcesDecode, HasScheduleKnobs, ReplaysRouting, CapturesActivations, CapturesPaths):
+        assert isinstance(llama, capability), capability.__name__
+    assert isinstance(HFEngine, HasScheduleKnobs)  # read from the class, before any model loads
+    context = llama.encode("The capital of France is") or ()
+    acts = llama.capture_activations(context)
+    layers = llama.model.config.num_hidden_layers
+    assert {f"model.layers.{i}" for i in range(layers)} <= set(acts)
+    assert all(a.shape[0] == len(context) and a.dtype == np.float32 for a in acts.values())
+    only = llama.capture_activations(context, names=["model.layers.0"])
+    assert list(only) == ["model.layers.0"] and np.array_equal(only["model.layers.0"], acts["model.layers.0"])

@@ -8,10 +8,12 @@ the test is repeatable and leaves nothing behind.
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import pytest
 from helpers.fake_openai_server import write_fake_pin
 from helpers.gate_cli import invoke
 
-from gate.core.traces.trace import read_trace
+from gate import DISTRIBUTION, read_trace
 from gate.engines import registry
 from gate.errors import InputError
 
@@ -28,21 +30,54 @@ PLUGIN_SRC = Path(__file__).parents[1] / "plugin_example"
 MODEL = "fake/model"
 
 
+def plugin_source(work: Path) -> Path:
+    # Build from a copy: an in-tree build would leave build/ and *.egg-info in tests/.
+    return Path(shutil.copytree(PLUGIN_SRC, work / "src", ignore=shutil.ignore_patterns("build", "*.egg-info")))
+
+
+def pip(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
 @pytest.fixture(scope="session")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`pip install` the example plugin into a fresh folder; returns that folder."""
+    """`pip install` the example plugin into a fresh folder; returns that folder.
+
+    `--target` ignores what is installed, so it would fetch the plugin's dependency
+    (`gate-llm`) again: the dependency is resolved against this environment by
+    `test_the_example_depends_on_gate_llm_alone`, and this install takes the plugin only."""
     work = tmp_path_factory.mktemp("plugin")
-    # Build from a copy: an in-tree build would leave build/ and *.egg-info in tests/.
-    src = shutil.copytree(PLUGIN_SRC, work / "src", ignore=shutil.ignore_patterns("build", "*.egg-info"))
     site = work / "site"
-    cmd = [
-        sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-        "--disable-pip-version-check", "--target", str(site), str(src),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = pip("install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(site),
+               str(plugin_source(work)))  # fmt: skip
     assert done.returncode == 0, f"pip install of the example plugin failed:\n{done.stdout}\n{done.stderr}"
     assert list(site.glob("gate_echo_engine-*.dist-info/entry_points.txt")), "no entry point metadata installed"
     return site
+
+
+def test_the_example_depends_on_gate_llm_alone(tmp_path: Path) -> None:
+    # Resolved offline against this environment, where gate is installed as `gate-llm`:
+    # installing the plugin pulls nothing else in, and a dependency on `gate` (another
+    # project on the package registry) would find nothing here and fail.
+    meta = tomllib.loads((PLUGIN_SRC / "pyproject.toml").read_text())
+    assert meta["project"]["dependencies"] == [DISTRIBUTION]
+    report = tmp_path / "report.json"
+    done = pip("install", "--dry-run", "--quiet", "--no-build-isolation", "--no-index", "--report", str(report),
+               str(plugin_source(tmp_path)))  # fmt: skip
+    assert done.returncode == 0, f"{DISTRIBUTION} is not installed here, or the plugin needs more:\n{done.stderr}"
+    assert [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]] == ["gate-echo-engine"]
+
+
+def test_the_example_imports_only_the_front_doors() -> None:
+    source = (PLUGIN_SRC / "gate_echo_engine" / "__init__.py").read_text()
+    gate_imports = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gate":
+            gate_imports.add(node.module)
+        elif isinstance(node, ast.Import):
+            gate_imports.update(a.name for a in node.names if a.name.split(".")[0] == "gate")
+    assert gate_imports == {"gate", "gate.engine"}
 
 
 @pytest.fixture
