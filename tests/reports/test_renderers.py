@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import re
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import replace
@@ -112,11 +114,29 @@ def test_render_dispatch_matches_the_renderers(mixed: GateResult) -> None:
     assert render(mixed, "html") == render_html(mixed)
 
 
-def test_renderers_are_pure(mixed: GateResult) -> None:
-    before = mixed.to_dict()
-    for fmt in ("json", "markdown", "junit", "rich", "html"):
-        assert render(mixed, fmt) == render(mixed, fmt)
-    assert mixed.to_dict() == before
+FORMATS = ("json", "markdown", "junit", "rich", "html")
+
+
+def test_renderers_are_pure(mixed: GateResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A function of the result alone: not of its identity, of what was rendered before, of
+    # the clock or the time zone; and the result (nested containers included) is left as it was.
+    snapshot = copy.deepcopy(mixed)
+    first = {fmt: render(mixed, fmt) for fmt in FORMATS}
+    assert mixed == snapshot and mixed.to_dict() == snapshot.to_dict()
+    other = many(mixed, 3)
+    for fmt in FORMATS:
+        assert render(other, fmt) != first[fmt], fmt  # the output does depend on the result
+    monkeypatch.setattr(time, "time", lambda: 4102444800.0)  # 2100-01-01
+    monkeypatch.setattr(time, "time_ns", lambda: 4102444800 * 10**9)
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    time.tzset()
+    try:
+        for fmt in FORMATS:
+            assert render(copy.deepcopy(mixed), fmt) == first[fmt], fmt
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert mixed == snapshot
 
 
 # --------------------------------------------------------------------------- markdown

@@ -16,16 +16,15 @@ pytest.importorskip("llama_cpp")
 
 @pytest.fixture(scope="module")
 def setup() -> Iterator[tuple[Any, Any, Any, Any]]:
+    from helpers.requirements import require_distribution
     from helpers.tiny_pin import one_thread
 
     from gate.core.pins.pin import load_pin
-    from gate.models.default import DEFAULT_MODEL, resolve_model_path
+    from gate.models.default import DEFAULT_MODEL, GGUF_DISTRIBUTION, resolve_model_path
     from gate.workflows.diagnose import reference_engines, target_given
 
-    try:
-        path = resolve_model_path(DEFAULT_MODEL)
-    except Exception as exc:
-        pytest.skip(f"no default model: {exc}")
+    require_distribution(GGUF_DISTRIBUTION, "the default model's GGUF")
+    path = resolve_model_path(DEFAULT_MODEL)
     target = target_given(load_pin(DEFAULT_MODEL), "code-numpy", 8)
     with one_thread(), reference_engines(path) as (ref, hon):
         yield path, target, ref, hon
