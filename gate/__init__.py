@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
     from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
     from gate.core.verdict.adjudicate import compare
-    from gate.core.verdict.doctrine import Doctrine, Evidence, resolve_doctrine
+    from gate.core.verdict.doctrine import Doctrine, Evidence
     from gate.core.verdict.floor import Floor
     from gate.core.verdict.result import Divergence, GateResult, PromptResult
     from gate.errors import EngineError, GateError, InputError, Interrupted, PinError, TraceError
@@ -45,7 +45,6 @@ _LAZY: dict[str, str] = {
     "Pin": "gate.core.pins.pin",
     "Doctrine": "gate.core.verdict.doctrine",
     "Evidence": "gate.core.verdict.doctrine",
-    "resolve_doctrine": "gate.core.verdict.doctrine",
     "Floor": "gate.core.verdict.floor",
     "GateResult": "gate.core.verdict.result",
     "PromptResult": "gate.core.verdict.result",
@@ -87,7 +86,6 @@ __all__ = [
     "load_pin",
     "read_trace",
     "render",
-    "resolve_doctrine",
     "run",
     "write_trace",
 ]

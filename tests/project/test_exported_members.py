@@ -14,7 +14,7 @@ import gate.engine
 PYTHON_API = {
     "DISTRIBUTION", "__version__", "install_line",
     "compare", "read_trace", "write_trace", "Trace", "TraceHeader", "PromptRecord",
-    "load_pin", "run", "Pin", "Doctrine", "Evidence", "resolve_doctrine", "Floor",
+    "load_pin", "run", "Pin", "Doctrine", "Evidence", "Floor",
     "GateResult", "PromptResult", "Divergence", "Engine", "PromptInput", "render",
     "GateError", "InputError", "TraceError", "PinError", "EngineError", "Interrupted",
 }  # fmt: skip
