@@ -12,7 +12,20 @@ from typing import Any
 
 import pytest
 from helpers.gate_cli import invoke
-from helpers.pin_attacks import PIN, candidate, gap, oracle_dicts, own_step, raise_runner_up, resort, same, unit, write
+from helpers.pin_attacks import (
+    PIN,
+    candidate,
+    flipped,
+    gap,
+    oracle_dicts,
+    own_step,
+    raise_runner_up,
+    resort,
+    same,
+    ten_flips,
+    unit,
+    write,
+)
 
 
 def _compare(tmp_path: Path, head: dict[str, Any], records: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
@@ -178,48 +191,20 @@ def test_too_few_positions_say_the_drift_is_not_judged(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- 3. less evidence is never laxer
 
 
-def _ten_flips() -> dict[tuple[int, int], bool]:
-    out: dict[tuple[int, int], bool] = {}
-    for p, rec in enumerate(oracle_dicts()):
-        for i in range(len(rec["token_ids"])):
-            # Beyond the 125 mnats, within the grid rule's 2 steps of the logit's own grid.
-            if 0.125 < gap(rec, i) <= 2 * own_step(rec, i) and len(out) < 10:
-                out[(p, i)] = True
-    assert len(out) == 10
-    return out
-
-
-def _flipped(empty: bool) -> Any:
-    flips = _ten_flips()
-
-    def own(p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> list[list[Any]]:
-        if (p, i) not in flips:
-            return [list(x) for x in top]
-        (t0, lp0), (t1, _), *rest = top
-        # Its own list: the runner-up 5 units ahead of the oracle's token, a clear choice.
-        mine = resort([[t0, lp0 - 5 * unit(rec, i)], [t1, lp0], *rest])
-        return [] if empty else mine
-
-    def choose(p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> int | None:
-        return int(rec["top_logprobs"][i][1][0]) if (p, i) in flips else None
-
-    return candidate(own, choose=choose, only_forced_flips=True)
-
-
 def test_flips_its_own_lists_call_clear_choices_are_defects(tmp_path: Path) -> None:
-    code, report = _compare(tmp_path, *_flipped(empty=False))
+    code, report = _compare(tmp_path, *flipped(empty=False))
     assert code == 1 and report["counts"]["defects"] == 10, report["summary"]
     assert {d["rule"] for d in report["divergences"]} == {"own_margin_beyond"}
 
 
 def test_empty_lists_at_exactly_those_flips_are_no_laxer(tmp_path: Path) -> None:
-    code, report = _compare(tmp_path, *_flipped(empty=True))
+    code, report = _compare(tmp_path, *flipped(empty=True))
     assert code == 1 and report["counts"]["defects"] == 10, report["summary"]
     assert {d["rule"] for d in report["divergences"]} == {"no_list"}
 
 
 def test_missing_lists_where_the_rest_of_the_free_run_has_them_are_no_laxer(tmp_path: Path) -> None:
-    flips = _ten_flips()
+    flips = ten_flips()
     firsts = {p: i for p, i in sorted(flips)[::-1]}  # the first flip of each prompt
 
     def choose(p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> int | None:

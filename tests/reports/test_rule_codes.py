@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.gate_cli import invoke
-from helpers.pin_attacks import PIN, candidate, gap, oracle_dicts, own_step, raise_runner_up, unit, write
-from test_evidence_attacks import _flipped
+from helpers.pin_attacks import PIN, candidate, flipped, gap, oracle_dicts, own_step, raise_runner_up, unit, write
 
 from gate.core.verdict.rules import RULES
 
@@ -34,7 +33,7 @@ def _honest_flips() -> Any:
 
 
 def test_every_divergence_names_its_rule_in_the_json_report(tmp_path: Path) -> None:
-    for name, built in (("honest", _honest_flips()), ("clear", _flipped(empty=False)), ("empty", _flipped(True))):
+    for name, built in (("honest", _honest_flips()), ("clear", flipped(empty=False)), ("empty", flipped(True))):
         path = write(tmp_path / f"{name}.jsonl", *built)
         r = invoke(["compare", str(PIN), str(path), "--format", "json"])
         report = json.loads(r.stdout)
@@ -69,10 +68,10 @@ def test_a_near_tie_the_evidence_rule_ratified_never_says_the_mnat_threshold_did
 
 
 def test_defects_name_the_limit_they_failed_in_every_report(tmp_path: Path) -> None:
-    path = write(tmp_path / "c.jsonl", *_flipped(empty=False))
+    path = write(tmp_path / "c.jsonl", *flipped(empty=False))
     text = " ".join(invoke(["compare", str(PIN), str(path)]).stdout.split())
     assert "beyond the evidence rule's 2: a clear choice" in text
-    path = write(tmp_path / "e.jsonl", *_flipped(empty=True))
+    path = write(tmp_path / "e.jsonl", *flipped(empty=True))
     for fmt in ("rich", "junit", "html"):
         text = " ".join(invoke(["compare", str(PIN), str(path), "--format", fmt]).stdout.split())
         assert "less evidence never ratifies more" in text, fmt
@@ -81,7 +80,7 @@ def test_defects_name_the_limit_they_failed_in_every_report(tmp_path: Path) -> N
 def test_the_html_histogram_is_coloured_by_class_against_the_doctrine_s_threshold(tmp_path: Path) -> None:
     """Ten defects at gaps inside the evidence rule's oracle limit (their own lists were
     missing): red bars left of the threshold line, never amber ones."""
-    path = write(tmp_path / "c.jsonl", *_flipped(empty=True))
+    path = write(tmp_path / "c.jsonl", *flipped(empty=True))
     html = invoke(["compare", str(PIN), str(path), "--format", "html"]).stdout
     hist = html[html.index('<svg class="hist"') :]
     hist = hist[: hist.index("</svg>")]
