@@ -40,7 +40,7 @@ def run_diagnose(
     from gate.errors import InputError
     from gate.models.default import resolve_model_path
     from gate.reports import check_format
-    from gate.workflows.diagnose import diagnose_engine, target_given, target_of_result
+    from gate.workflows.diagnose import capture_target, diagnose_engine, target_given, target_of_result
     from gate.workflows.engine_calls import open_engine
     from gate.workflows.run import RunPlan, gate_run
 
@@ -75,6 +75,8 @@ def run_diagnose(
             weights = str(reference_model)
         else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
             weights = getattr(cand, "model_path", None) or resolve_model_path(pin.model)
+        target, capture_notes = capture_target(cand, target)
+        notes.extend(capture_notes)
         say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
         diagnosis = diagnose_engine(cand, target, str(weights), honest_dtype=honest_dtype, model=pin.model, notes=notes)
     emit(diagnosis, fmt, output, force=force, engine_ran=True)

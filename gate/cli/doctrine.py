@@ -129,8 +129,8 @@ def selftest_command(
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.calibration.selftest import SELFTEST_NEAR_TIE_ULPS
     from gate.core.pins.pin import doctrine_for
-    from gate.engines.mutants import baseline_loader, mutations
     from gate.reports import check_format
+    from gate.workflows.mutants import baseline_loader, mutations
     from gate.workflows.selftest import run_selftest
 
     fmt = check_format("SelfTestResult", fmt)
