@@ -5,7 +5,10 @@ forward (one prefill) of the same context by the same candidate engine, in the s
 
 Peak memory is the process's resident set, sampled every 2 ms by a thread, during each step
 (the candidate already loaded before both); the diagnosis loads the reference (float32) and
-the honest engine (bfloat16) itself, and its time includes those loads and both paths.
+the honest engine (bfloat16) itself, and its time includes those loads and both paths. The
+breakdown is the diagnosis's own phases (gate.workflows.diagnose.Timings): loading the
+reference and the honest engine, each engine's captures (both paths together), and the
+comparison; "other" is what lies between them.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def main() -> None:
     from gate.core.pins.pin import load_pin
     from gate.engines.hf import HFEngine
     from gate.models.default import DEFAULT_MODEL
-    from gate.workflows.diagnose import diagnose_engine, target_given
+    from gate.workflows.diagnose import Timings, diagnose_engine, target_given
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--position", type=int, default=16)
@@ -69,13 +72,18 @@ def main() -> None:
 
     plain()  # warm
     base_s, base_peak, _ = measured(plain)
-    diag_s, diag_peak, d = measured(lambda: diagnose_engine(engine, target, engine.model_path, model=pin.model))
+    timings = Timings()
+    diag_s, diag_peak, d = measured(
+        lambda: diagnose_engine(engine, target, engine.model_path, model=pin.model, timings=timings)
+    )
     mib = 1 << 20
     print(f"model {DEFAULT_MODEL}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
     print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
     print(f"plain forward (one prefill):   {base_s * 1000:8.1f} ms, peak RSS {base_peak / mib:7.0f} MiB")
     print(f"one diagnosis (both paths):    {diag_s * 1000:8.1f} ms, peak RSS {diag_peak / mib:7.0f} MiB")
-    print(f"ratio: time {diag_s / base_s:.0f}x, peak memory {diag_peak / base_peak:.2f}x")
+    for phase, seconds in [*timings.seconds.items(), ("other", diag_s - sum(timings.seconds.values()))]:
+        print(f"  {phase + ':':28s} {seconds * 1000:8.1f} ms  ({seconds / base_s:5.1f}x the plain forward)")
+    print(f"ratio: time {diag_s / base_s:.1f}x, peak memory {diag_peak / base_peak:.2f}x")
     print(f"diagnosis: {d.summary}")
 
 

@@ -8,23 +8,28 @@ a position read from a prefill, `forced_mode` "prefill": one prefill over the co
 - the honest engine, transformers in the candidate's working dtype (bfloat16), whose error
   against the reference at each point is that point's honest band;
 - the candidate, captured through its own adapter (gate.engines.capture_hf, capture_llamacpp,
-  capture_vllm).
-The other path is run too, to say which of the two shows the deviation.
+  capture_vllm), or handing gate its own named activations: an engine with
+  `capture_activations` (gate.core.diagnosis.capture.CapturesActivations) or a dump file
+  (gate.workflows.activations); both are checked by one function
+  (gate.core.diagnosis.dump.named_capture) and compared on the target's path.
+The other path is run too (for a built-in capture), to say which of the two shows the deviation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture
+from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture, CapturesActivations
+from gate.core.diagnosis.dump import named_capture
 from gate.core.diagnosis.locate import compare_path
 from gate.core.diagnosis.metric import MARGIN, METRIC
 from gate.core.diagnosis.record import Diagnosis
 from gate.core.verdict.result import DEFECT, FORCED, GateResult
-from gate.errors import InputError
+from gate.errors import EngineError, GateError, InputError
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
@@ -32,6 +37,33 @@ if TYPE_CHECKING:
 GIVEN = "given"  # the source of a position named on the command line
 # (prompt ids, context ids, path) -> the capture
 Capturer = Callable[[Sequence[int], Sequence[int], str], Capture]
+
+
+@dataclass(slots=True)
+class Timings:
+    """Wall seconds spent in each phase of a diagnosis (scripts/bench_diagnose.py prints them)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+@dataclass(frozen=True, slots=True)
+class NamedActivations:
+    """A candidate that hands gate its activations by module name (a dump file, or a plugin's
+    `capture_activations`): `fetch(context ids, module names)` returns the arrays, checked
+    against the reference's capture of the same context; `error` is what a malformed array is
+    (InputError for a file, EngineError for an engine)."""
+
+    fetch: Callable[[Sequence[int], Sequence[str]], Mapping[str, Any]]
+    where: str
+    error: type[GateError] = InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +125,7 @@ def other(path: str) -> str:
 
 def diagnose(
     target: Target,
-    candidate: Capturer,
+    candidate: Capturer | NamedActivations,
     reference: Capturer,
     honest: Capturer,
     *,
@@ -102,16 +134,29 @@ def diagnose(
     engines: dict[str, Any] | None = None,
     model: str = "",
     notes: Sequence[str] = (),
+    timings: Timings | None = None,
 ) -> Diagnosis:
-    """Capture the three engines on the target's path (and the other path) and locate."""
+    """Capture the three engines on the target's path (and the other path) and locate. Named
+    activations are one capture, compared on the target's path only."""
     findings = {}
     layer_count = 0
-    for path in (target.path, other(target.path)) if both_paths else (target.path,):
-        ref = reference(target.prompt_ids, target.context_ids, path)
-        hon = honest(target.prompt_ids, target.context_ids, path)
-        cand = candidate(target.prompt_ids, target.context_ids, path)
+    clock = timings or Timings()
+    named = isinstance(candidate, NamedActivations)
+    for path in (target.path, other(target.path)) if both_paths and not named else (target.path,):
+        with clock.phase("reference capture"):
+            ref = reference(target.prompt_ids, target.context_ids, path)
+        with clock.phase("honest capture"):
+            hon = honest(target.prompt_ids, target.context_ids, path)
+        with clock.phase("candidate capture"):
+            if isinstance(candidate, NamedActivations):
+                names = [t.point.module for t in ref.tensors]
+                arrays = candidate.fetch(target.context_ids, names)
+                cand = named_capture(arrays, ref, candidate.where, error=candidate.error)
+            else:
+                cand = candidate(target.prompt_ids, target.context_ids, path)
         layer_count = ref.layer_count
-        findings[path] = compare_path(ref, hon, cand, margin=margin)
+        with clock.phase("comparison"):
+            findings[path] = compare_path(ref, hon, cand, margin=margin)
         del ref, hon, cand  # a capture of a large model is large: one path at a time
     return Diagnosis(
         prompt_id=target.prompt_id,
@@ -133,7 +178,11 @@ def diagnose(
 
 
 def capture_kind(cls: type) -> str | None:
-    """ "hf" for HFEngine and its subclasses, "llamacpp" for LlamaCppEngine's, else None."""
+    """ "named" for an engine with `capture_activations` (its own activations, whatever it
+    subclasses), "hf" for HFEngine and its subclasses, "llamacpp" for LlamaCppEngine's,
+    "vllm" for VLLMEngine's, else None."""
+    if isinstance(cls, type) and issubclass(cls, CapturesActivations):
+        return "named"
     names = {c.__module__ + "." + c.__qualname__ for c in cls.__mro__}
     if "gate.engines.hf.HFEngine" in names:
         return "hf"
@@ -149,13 +198,23 @@ def check_capturable(cls: type, name: str) -> None:
     if capture_kind(cls) is None:
         raise InputError(
             f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine), "
-            "llamacpp and vllm; docs/diagnose.md says what ortgenai would need"
+            "llamacpp, vllm and any engine with capture_activations; for another engine, write its "
+            "activations to a file (--emit-context, then --candidate-activations: docs/reference/activation-dump.md)"
         )
 
 
-def capturer_for(engine: Any) -> Capturer:
+def capturer_for(engine: Any) -> Capturer | NamedActivations:
     """The capture adapter for a loaded candidate engine."""
     kind = capture_kind(type(engine))
+    if kind == "named":
+        where = f"engine {getattr(engine, 'name', type(engine).__name__)!r} capture_activations"
+        from gate.workflows.engine_calls import engine_call
+
+        def fetch(ids: Sequence[int], names: Sequence[str]) -> Mapping[str, Any]:
+            call = lambda: engine.capture_activations(list(ids), list(names))  # noqa: E731
+            return engine_call(engine, "capture_activations", call)
+
+        return NamedActivations(fetch, where, EngineError)
     if kind == "hf":
         from gate.engines.capture_hf import capture_hf
 
@@ -173,14 +232,19 @@ def capturer_for(engine: Any) -> Capturer:
 
 
 @contextmanager
-def reference_engines(model_path: str, *, honest_dtype: str = "bfloat16") -> Iterator[tuple[Any, Any]]:
+def reference_engines(
+    model_path: str, *, honest_dtype: str = "bfloat16", timings: Timings | None = None
+) -> Iterator[tuple[Any, Any]]:
     """(reference, honest): transformers float32 and `honest_dtype` on the same weights."""
     from gate.engines.hf import HFEngine
 
-    ref = HFEngine(model_path, dtype="float32")
+    clock = timings or Timings()
+    with clock.phase("load reference and honest"):
+        ref = HFEngine(model_path, dtype="float32")
     hon: HFEngine | None = None
     try:
-        hon = HFEngine(model_path, dtype=honest_dtype)
+        with clock.phase("load reference and honest"):
+            hon = HFEngine(model_path, dtype=honest_dtype)
         yield ref, hon
     finally:
         ref.close()
@@ -197,26 +261,50 @@ def diagnose_engine(
     margin: float = MARGIN,
     model: str = "",
     notes: Sequence[str] = (),
+    timings: Timings | None = None,
 ) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
+    return diagnose_candidate(
+        capturer_for(engine),
+        _describe(engine),
+        target,
+        model_path,
+        honest_dtype=honest_dtype,
+        margin=margin,
+        model=model,
+        notes=notes,
+        timings=timings,
+    )
+
+
+def diagnose_candidate(
+    candidate: Capturer | NamedActivations,
+    described: dict[str, Any],
+    target: Target,
+    model_path: str,
+    *,
+    honest_dtype: str = "bfloat16",
+    margin: float = MARGIN,
+    model: str = "",
+    notes: Sequence[str] = (),
+    timings: Timings | None = None,
+) -> Diagnosis:
+    """Diagnose a candidate (a capture adapter, or named activations) at `target`, the
+    reference and the band from `model_path`."""
     from gate.engines.capture_hf import capture_hf
 
-    candidate = capturer_for(engine)
-    with reference_engines(model_path, honest_dtype=honest_dtype) as (ref, hon):
-        engines = {
-            "candidate": _describe(engine),
-            "reference": _describe(ref),
-            "honest": _describe(hon),
-        }
+    clock = timings or Timings()
+    with reference_engines(model_path, honest_dtype=honest_dtype, timings=clock) as (ref, hon):
         return diagnose(
             target,
             candidate,
             lambda p, c, path: capture_hf(ref, p, c, path),
             lambda p, c, path: capture_hf(hon, p, c, path),
             margin=margin,
-            engines=engines,
+            engines={"candidate": described, "reference": _describe(ref), "honest": _describe(hon)},
             model=model,
             notes=notes,
+            timings=clock,
         )
 
 

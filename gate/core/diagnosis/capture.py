@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -119,3 +119,19 @@ def capture_from_arrays(arrays: Mapping[str, np.ndarray]) -> Capture:
         )
         i += 1
     return Capture(str(arrays["path"]), int(arrays["context_length"]), tuple(tensors))
+
+
+@runtime_checkable
+class CapturesActivations(Protocol):
+    """An engine that hands gate its own activations (the plugin contract's capture capability).
+
+    `capture_activations(context_token_ids, names)` runs the context through the engine and
+    returns, for each module name gate asks for (None: every one it can), that module's output
+    at every position of the context as a float32 array `[positions, width]` (a leading batch of
+    1 accepted): the same names, shapes and meaning as a dump file
+    (docs/reference/activation-dump.md), checked by the same function
+    (`gate.core.diagnosis.dump.named_capture`). A name it cannot capture is left out."""
+
+    def capture_activations(
+        self, context_token_ids: Sequence[int], names: Sequence[str] | None = None
+    ) -> Mapping[str, np.ndarray]: ...
