@@ -129,7 +129,7 @@ def run_diagnose_activations(
     from gate.errors import InputError
     from gate.models.default import resolve_model_path
     from gate.reports import check_format
-    from gate.workflows.activations import dump_candidate, dump_target, load_dump
+    from gate.workflows.activations import check_dump, dump_candidate, dump_target, load_dump
     from gate.workflows.activations import emit_context as context_of
     from gate.workflows.diagnose import diagnose_candidate, target_given
 
@@ -159,6 +159,7 @@ def run_diagnose_activations(
     arrays, meta = load_dump(candidate_activations)
     where = str(candidate_activations)
     target = dump_target(pin, meta, where, prompt=prompt, position=position, path=path)
+    check_dump(arrays, target, where)
     say(f"diagnosing {where} at prompt {target.prompt_id} position {target.position} ({target.path} path)")
     described = {"name": meta.get("engine", "activations dump"), "class": "dump", "file": where}
     if "dtype" in meta:

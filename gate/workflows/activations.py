@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gate.core.diagnosis.capture import PREFILL
-from gate.core.diagnosis.dump import ActivationContext, check_context, dump_path, module_shapes, read_safetensors
+from gate.core.diagnosis.dump import (
+    ActivationContext,
+    check_context,
+    check_rows,
+    dump_path,
+    module_shapes,
+    read_safetensors,
+)
 from gate.errors import InputError
 from gate.workflows.diagnose import NamedActivations, Target, target_given
 
@@ -98,6 +105,11 @@ def dump_target(
     target = target_given(pin, prompt, position, path or dump_path(meta, where) or "decode")
     check_context(meta, target.context_ids, where)
     return target
+
+
+def check_dump(arrays: Mapping[str, np.ndarray], target: Target, where: str) -> None:
+    """The dump's shapes against the context's length, before the reference loads."""
+    check_rows(arrays, len(target.context_ids), where)
 
 
 def dump_candidate(arrays: Mapping[str, np.ndarray], where: str) -> NamedActivations:

@@ -225,6 +225,19 @@ def named_capture(
     return Capture(path=reference.path, context_length=n, tensors=tuple(tensors), meta={"source": where})
 
 
+def check_rows(arrays: Mapping[str, np.ndarray], context_length: int, where: str) -> None:
+    """Before anything loads: every array is [positions, width] (or [1, positions, width])
+    with a row per context position."""
+    for name, values in arrays.items():
+        shape = list(values.shape)
+        rows = shape[1:] if len(shape) == 3 and shape[0] == 1 else shape
+        if len(rows) != 2 or rows[0] != context_length:
+            raise InputError(
+                f"{where}: tensor {name!r} has shape {shape}: expected [{context_length}, width] "
+                "(a row per context position)"
+            )
+
+
 def dump_path(meta: Mapping[str, str], where: str) -> str | None:
     """The path the dump says it ran (prefill or decode), if it says."""
     path = meta.get(META_PATH)
