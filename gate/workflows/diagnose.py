@@ -41,17 +41,20 @@ Capturer = Callable[[Sequence[int], Sequence[int], str], Capture]
 
 @dataclass(slots=True)
 class Timings:
-    """Wall seconds spent in each phase of a diagnosis (scripts/bench_diagnose.py prints them)."""
+    """Wall and CPU seconds spent in each phase of a diagnosis (scripts/bench_diagnose.py
+    prints them)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + time.process_time() - start_cpu
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,15 +293,29 @@ def diagnose_candidate(
     timings: Timings | None = None,
 ) -> Diagnosis:
     """Diagnose a candidate (a capture adapter, or named activations) at `target`, the
-    reference and the band from `model_path`."""
+    reference and the band from `model_path`.
+
+    The reference is captured once, by one float32 prefill over the context with every
+    position's logits, and stands for both paths: float32's own decode path differs from its
+    prefill by rounding far below the band's floor (4.6e-6 relative at worst on the default
+    model against BAND_FLOOR's 3.9e-3; tests/workflows/test_diagnose_reference_once.py), while
+    its decode path costs a forward per context token."""
     from gate.engines.capture_hf import capture_hf
 
     clock = timings or Timings()
+    once: dict[str, Capture] = {}
+
+    def reference(prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
+        if "capture" not in once:
+            once["capture"] = capture_hf(ref, prompt_ids, context_ids, PREFILL, all_logits=True)
+        held = once["capture"]
+        return Capture(path, held.context_length, held.tensors, held.meta)
+
     with reference_engines(model_path, honest_dtype=honest_dtype, timings=clock) as (ref, hon):
         return diagnose(
             target,
             candidate,
-            lambda p, c, path: capture_hf(ref, p, c, path),
+            reference,
             lambda p, c, path: capture_hf(hon, p, c, path),
             margin=margin,
             engines={"candidate": described, "reference": _describe(ref), "honest": _describe(hon)},
