@@ -146,3 +146,29 @@ class OwnActivationsMLPBug(HFEngine):
             for h in handles:
                 h.remove()
         return rows
+
+
+class StalePrefixCacheBug(HFEngine):
+    """A prefix cache that reuses a kept prompt's KV cache without cutting it back to the
+    common prefix: the new prompt's rest is appended after the old prompt's tail (a
+    serving engine's classic cache bug). Honest whenever the prefix cache is off."""
+
+    name = "planted-stale-prefix-cache"
+
+    def _prefill(self, prompt_ids: Any) -> Any:
+        import copy
+
+        store = self.prefix_store
+        if store is None:
+            return super()._prefill(prompt_ids)
+        prompt = tuple(int(t) for t in prompt_ids)
+        n, held = store.longest(prompt)
+        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        if held is None:
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        else:
+            rest = ids[:, n:]
+            out = self.model(input_ids=rest, past_key_values=copy.deepcopy(held), use_cache=True, logits_to_keep=1)
+            store.hits += 1
+        store.keep(prompt, copy.deepcopy(out.past_key_values))
+        return out.logits[0, -1], out.past_key_values
