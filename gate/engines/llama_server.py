@@ -87,8 +87,9 @@ class LlamaServerDialect:
 
     name = "llama.cpp /completion"
 
-    def __init__(self, http: HttpClient, *, retries: int, forced_mode: str) -> None:
+    def __init__(self, http: HttpClient, *, retries: int, forced_mode: str, cache_prompt: bool = True) -> None:
         self.http = http
+        self.cache_prompt = cache_prompt
         self.retries = retries
         self.forced_mode = forced_mode
         self.where = f"{http.endpoint.root_display}/completion"
@@ -97,6 +98,7 @@ class LlamaServerDialect:
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"base_url": self.http.endpoint.root_display, "tie_break": "lowest_id"}
+        out["cache_prompt"] = self.cache_prompt
         out["sampling"] = {"samplers": list(GREEDY_SAMPLERS), "temperature": 0, "backend_sampling": False}
         out["logprobs"] = "log of llama-server's float32 softmax over the full vocabulary (n_probs, pre-sampling)"
         props = self._get("/props")
@@ -120,9 +122,7 @@ class LlamaServerDialect:
         check_prompt_ids(prompt.id, prompt.prompt_token_ids, None)
         if prompt.max_tokens == 0:
             return greedy_record(prompt, (), [] if top_k > 0 else None, "length", ())
-        obj = self._complete(
-            prompt.prompt_token_ids, prompt.max_tokens, top_k, prompt.id, cache=bool(self.options["cache_prompt"])
-        )
+        obj = self._complete(prompt.prompt_token_ids, prompt.max_tokens, top_k, prompt.id, cache=self.cache_prompt)
         ids, tops = self._read(obj, top_k, prompt.id)
         n, asked = len(ids), prompt.max_tokens
         finish = STOP_TYPES.get(str(obj.get("stop_type")))
@@ -303,7 +303,12 @@ class LlamaServerEngine(ServerEngine):
         try:
             _, self.http = connect(self.name, base_url, opts)
             self.pool = BoundedPool(int(opts["concurrency"]), "gate-llama-server")
-            self.dialect = LlamaServerDialect(self.http, retries=int(opts["retries"]), forced_mode=opts["forced"])
+            self.dialect = LlamaServerDialect(
+                self.http,
+                retries=int(opts["retries"]),
+                forced_mode=opts["forced"],
+                cache_prompt=bool(opts["cache_prompt"]),
+            )
         except BaseException:
             self._stop()
             raise
