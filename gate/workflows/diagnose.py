@@ -316,7 +316,9 @@ def diagnose_candidate(
             target,
             candidate,
             reference,
-            lambda p, c, path: capture_hf(hon, p, c, path),
+            # Every position's logits on the prefill path too, so lm_head's band covers every
+            # row a candidate may bring (a dump's lm_head has them all).
+            lambda p, c, path: capture_hf(hon, p, c, path, all_logits=path == PREFILL),
             margin=margin,
             engines={"candidate": described, "reference": _describe(ref), "honest": _describe(hon)},
             model=model,
