@@ -33,7 +33,27 @@ def run_diagnose(
     output: Path | None,
     pins_dir: Path | None,
     force: bool,
+    emit_context: Path | None = None,
+    candidate_activations: Path | None = None,
 ) -> int:
+    if emit_context is not None or candidate_activations is not None:
+        return run_diagnose_activations(
+            model=model,
+            engine=engine,
+            engine_opts=engine_opts,
+            model_path=model_path,
+            reference_model=reference_model,
+            prompt=prompt,
+            position=position,
+            path=path,
+            honest_dtype=honest_dtype,
+            fmt=fmt,
+            output=output,
+            pins_dir=pins_dir,
+            force=force,
+            emit_context=emit_context,
+            candidate_activations=candidate_activations,
+        )
     from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.pins.pin import doctrine_for, load_pin
@@ -79,6 +99,76 @@ def run_diagnose(
         notes.extend(capture_notes)
         say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
         diagnosis = diagnose_engine(cand, target, str(weights), honest_dtype=honest_dtype, model=pin.model, notes=notes)
+    emit(diagnosis, fmt, output, force=force, engine_ran=True)
+    return diagnosis.exit_code
+
+
+def run_diagnose_activations(
+    *,
+    model: str | None,
+    engine: str | None,
+    engine_opts: list[str] | None,
+    model_path: Path | None,
+    reference_model: Path | None,
+    prompt: str | None,
+    position: int | None,
+    path: str | None,
+    honest_dtype: str,
+    fmt: str,
+    output: Path | None,
+    pins_dir: Path | None,
+    force: bool,
+    emit_context: Path | None,
+    candidate_activations: Path | None,
+) -> int:
+    """`--emit-context FILE` (the context and modules an engine gate does not drive is to
+    dump) and `--candidate-activations FILE` (its dump, diagnosed like a built-in engine)."""
+    import orjson
+
+    from gate.cli.common import default_model
+    from gate.cli.output import emit, refuse_overwrite, say, write_data
+    from gate.core.pins.pin import load_pin
+    from gate.errors import InputError
+    from gate.models.default import resolve_model_path
+    from gate.reports import check_format
+    from gate.workflows.activations import check_dump, dump_candidate, dump_target, load_dump
+    from gate.workflows.activations import emit_context as context_of
+    from gate.workflows.diagnose import diagnose_candidate, target_given
+
+    if emit_context is not None and candidate_activations is not None:
+        raise InputError("--emit-context and --candidate-activations are two steps: one at a time")
+    flag = "--emit-context" if emit_context is not None else "--candidate-activations"
+    for given, name in ((engine, "--engine"), (engine_opts, "--engine-opt"), (model_path, "--model-path")):
+        if given:
+            raise InputError(f"{name} goes with a candidate engine; {flag} needs none (reference: --reference-model)")
+    pin = load_pin(model or default_model(), pins_dir)
+    weights = str(reference_model) if reference_model is not None else resolve_model_path(pin.model)
+    if emit_context is not None:
+        if prompt is None or position is None:
+            raise InputError("--emit-context needs --prompt and --position: the position whose context to run")
+        refuse_overwrite(force, (emit_context, "--emit-context"))
+        target = target_given(pin, prompt, position, path or "decode")
+        context = context_of(pin, target, weights)
+        write_data(orjson.dumps(context.to_dict(), option=orjson.OPT_INDENT_2) + b"\n", emit_context, force=force)
+        say(
+            f"{emit_context}: {len(target.context_ids)} context tokens and {len(context.modules)} module names to "
+            "dump (docs/reference/activation-dump.md)"
+        )
+        return 0
+    assert candidate_activations is not None
+    fmt = check_format("Diagnosis", fmt)
+    refuse_overwrite(force, (output, "--output"), inputs=(candidate_activations,))
+    arrays, meta = load_dump(candidate_activations)
+    where = str(candidate_activations)
+    target = dump_target(pin, meta, where, prompt=prompt, position=position, path=path)
+    check_dump(arrays, target, where)
+    say(f"diagnosing {where} at prompt {target.prompt_id} position {target.position} ({target.path} path)")
+    described = {"name": meta.get("engine", "activations dump"), "class": "dump", "file": where}
+    if "dtype" in meta:
+        described["dtype"] = meta["dtype"]
+    diagnosis = diagnose_candidate(
+        dump_candidate(arrays, where), described, target, weights, honest_dtype=honest_dtype, model=pin.model
+    )
     emit(diagnosis, fmt, output, force=force, engine_ran=True)
     return diagnosis.exit_code
 
@@ -160,6 +250,21 @@ def register(app: typer.Typer) -> None:
         output: options.Output = None,
         pins_dir: options.PinsDir = None,
         force: options.Force = False,
+        emit_context: Annotated[
+            Path | None,
+            typer.Option(
+                "--emit-context",
+                help="With --prompt/--position: write the context (token ids) and the module names an engine "
+                "gate does not drive is to dump, as JSON (docs/reference/activation-dump.md), and stop.",
+            ),
+        ] = None,
+        candidate_activations: Annotated[
+            Path | None,
+            typer.Option(
+                "--candidate-activations",
+                help="Diagnose a safetensors dump of an engine's own activations over the emitted context.",
+            ),
+        ] = None,
     ) -> None:
         """Locate where a failure enters: the layer, the part and the path (exit 0 nothing located, 1 located)."""
         raise typer.Exit(
@@ -177,5 +282,7 @@ def register(app: typer.Typer) -> None:
                 output=output,
                 pins_dir=pins_dir,
                 force=force,
+                emit_context=emit_context,
+                candidate_activations=candidate_activations,
             )
         )
