@@ -131,7 +131,8 @@ def test_a_bf16_logprob_tie_the_logits_do_not_have_goes_to_the_lower_id(tiny: ML
     row = np.full(259, -1.0, dtype=np.float32)
     row[3], row[5] = 1.0, 1.0078125  # one bfloat16 step apart at 1.0
     odd: list[int] = []
-    token, top = tiny._read(mx.array(row).astype(mx.bfloat16)[None], 7, 3, odd)
+    picked, row32 = tiny._pick(mx.array(row).astype(mx.bfloat16)[None])
+    token, top = tiny._read(picked, row32, 7, 3, odd)
     assert token == 3 and odd == [7]
     assert top is not None and [t for t, _ in top[:2]] == [5, 3] and top[0][1] > top[1][1]
 

@@ -215,12 +215,15 @@ class MLXEngine(TokenizerMethods):
         with mx.stream(generation_stream):
             cache, logits = self._prefill(prompt_token_ids)
             for i, fed in enumerate(token_ids):
-                token, top = self._read(logits, i, top_k, odd)
+                picked, row = self._pick(logits)
+                # The next step's input is the oracle's token: it is computed while this
+                # position's list is read.
+                nxt = self._step(mx.array([int(fed)], dtype=mx.uint32), cache) if i + 1 < len(token_ids) else None
+                token, top = self._read(picked, row, i, top_k, odd)
                 chosen.append(token)
                 if top is not None:
                     tops.append(top)
-                if i + 1 < len(token_ids):
-                    logits = self._forward([int(fed)], cache)
+                logits = nxt
         self._keep(cache, [*prompt_token_ids, *token_ids[:-1]])
         return ForcedDecode(
             token_ids=tuple(chosen),
@@ -242,28 +245,35 @@ class MLXEngine(TokenizerMethods):
         odd: list[int] = []
         finish = "length"
         if prompt.max_tokens > 0:
+            fed = [int(t) for t in prompt.prompt_token_ids]
             with mx.stream(generation_stream):
-                cache, logits = self._prefill(prompt.prompt_token_ids)
+                cache, logits = self._prefill(fed)
                 for i in range(prompt.max_tokens):
-                    token, top = self._read(logits, i, top_k, odd)
+                    picked, row = self._pick(logits)
+                    # As generate_step does: the next step is queued on the pick before it is
+                    # read (one step wasted after a stop token, as there).
+                    nxt = self._step(picked, cache) if i + 1 < prompt.max_tokens else None
+                    token, top = self._read(picked, row, i, top_k, odd)
                     ids.append(token)
                     if top is not None:
                         tops.append(top)
+                    if nxt is not None:
+                        fed.append(token)
                     if token in self.stop_ids:
                         finish = "stop"
                         break
-                    if i + 1 < prompt.max_tokens:
-                        logits = self._forward([token], cache)
-            self._keep(cache, [*prompt.prompt_token_ids, *ids[:-1]])
+                    logits = nxt
+            self._keep(cache, fed)
         texts = self.decode_tokens(ids)
         extra = {"pick_not_logit_argmax": odd}
         return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts, extra)
 
-    def _forward(self, tokens: Sequence[int], cache: list[Any]) -> Any:
-        """One model call on `tokens` through `cache`: the last position's logits ([1, vocab],
-        the model's dtype), unevaluated."""
-        out = self.model(mx.array(list(tokens), dtype=mx.uint32)[None], cache=cache)
-        return out[:, -1, :]
+    def _step(self, tokens: Any, cache: list[Any]) -> Any:
+        """One model call on `tokens` (a 1-d array) through `cache`, queued: the last position's
+        logits ([1, vocab], the model's dtype)."""
+        logits = self.model(tokens[None], cache=cache)[:, -1, :]
+        mx.async_eval(logits)
+        return logits
 
     def _prefill(self, prompt_ids: Sequence[int]) -> tuple[list[Any], Any]:
         """mlx-lm's prefill: every prompt token but the last through the cache in chunks of
@@ -277,7 +287,7 @@ class MLXEngine(TokenizerMethods):
             self.model(mx.array(ids[start : start + n], dtype=mx.uint32)[None], cache=cache)
             mx.eval([c.state for c in cache])
             start += n
-        return cache, self._forward(ids[-1:], cache)
+        return cache, self._step(mx.array(ids[-1:], dtype=mx.uint32), cache)
 
     def _reuse(self, ids: Sequence[int]) -> tuple[list[Any], int]:
         """(the cache to prefill into, how many prompt tokens it already holds)."""
@@ -296,19 +306,24 @@ class MLXEngine(TokenizerMethods):
         return cache, shared
 
     def _keep(self, cache: list[Any], tokens: Sequence[int]) -> None:
-        """Keep the cache of the sequence just run for the next prompt (`prefix_cache`)."""
+        """Keep the cache of the sequence just run, and the tokens it holds (`prefix_cache`)."""
         if self.options["prefix_cache"]:
             self._cache, self._cached = cache, [int(t) for t in tokens]
 
-    def _read(self, logits: Any, position: int, top_k: int, odd: list[int]) -> tuple[int, Pairs | None]:
-        """One position: mlx-lm's greedy pick from the logits, and the top-k list.
-
-        The pick is `greedy_sampler` on `logits - logsumexp(logits)` in the model's dtype, as
-        `generate_step` computes it; MLX's argmax keeps the first maximum (lowest id)."""
+    @staticmethod
+    def _pick(logits: Any) -> tuple[Any, Any]:
+        """mlx-lm's greedy pick, queued: `greedy_sampler` on `logits - logsumexp(logits)` in
+        the model's dtype, as `generate_step` computes it (MLX's argmax keeps the first
+        maximum: the lowest id); and the logits' float32 values for the top-k list."""
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
         picked = mx.argmax(logprobs, axis=-1)
-        row32 = logits.astype(mx.float32)
-        mx.eval(picked, row32)
+        row = logits.astype(mx.float32)
+        mx.async_eval(picked, row)
+        return picked, row
+
+    @staticmethod
+    def _read(picked: Any, row32: Any, position: int, top_k: int, odd: list[int]) -> tuple[int, Pairs | None]:
+        """One position's pick and top-k list, from `_pick`'s arrays."""
         token = int(picked.item())
         row = np.asarray(row32).reshape(-1)
         if not np.isfinite(row).all():
@@ -328,7 +343,8 @@ class MLXEngine(TokenizerMethods):
             out = self.model(mx.array(seq, dtype=mx.uint32)[None], cache=make_prompt_cache(self.model))
             first = len(prompt_ids) - 1
             for i in range(len(token_ids)):
-                token, top = self._read(out[:, first + i, :], i, top_k, odd)
+                picked, row = self._pick(out[:, first + i, :])
+                token, top = self._read(picked, row, i, top_k, odd)
                 chosen.append(token)
                 if top is not None:
                     tops.append(top)
