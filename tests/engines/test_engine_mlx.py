@@ -61,6 +61,7 @@ def test_greedy_is_mlx_lms_own_decode_loop_token_for_token(tiny: MLXEngine) -> N
         rec = tiny.generate([p], TOP_K)[0]
         assert list(rec.token_ids) == _native(tiny.model, p.prompt_token_ids, len(rec.token_ids)), p.id
         assert rec.top_logprobs is not None and len(rec.top_logprobs) == len(rec.token_ids)
+        assert len(rec.extra["token_logits"]) == len(rec.token_ids)
         for token, top in zip(rec.token_ids, rec.top_logprobs, strict=True):
             assert token in [t for t, _ in top]
             assert top == sorted(top, key=lambda pair: (-pair[1], pair[0]))
@@ -131,9 +132,10 @@ def test_a_bf16_logprob_tie_the_logits_do_not_have_goes_to_the_lower_id(tiny: ML
     row = np.full(259, -1.0, dtype=np.float32)
     row[3], row[5] = 1.0, 1.0078125  # one bfloat16 step apart at 1.0
     odd: list[int] = []
+    raw: list[float] = []
     picked, row32 = tiny._pick(mx.array(row).astype(mx.bfloat16)[None])
-    token, top = tiny._read(picked, row32, 7, 3, odd)
-    assert token == 3 and odd == [7]
+    token, top = tiny._read(picked, row32, 7, 3, odd, raw)
+    assert token == 3 and odd == [7] and raw == [1.0]
     assert top is not None and [t for t, _ in top[:2]] == [5, 3] and top[0][1] > top[1][1]
 
 

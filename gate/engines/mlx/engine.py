@@ -17,7 +17,8 @@ maximum (its CPU kernel scans with a strict `>`; its Metal kernel prefers the lo
 equal values): ties go to the lowest id, as in the oracle. In a bfloat16 model the
 subtraction is rounded to bfloat16, so two logits closer than the logprobs' bfloat16 spacing
 become an exact tie there and the lower id wins even when its logit is the smaller; each
-record lists such positions in `pick_not_logit_argmax` (docs/results/engine-mlx.md).
+record lists such positions in `pick_not_logit_argmax` (docs/results/engine-mlx.md), beside
+`token_logits` (the pick's raw logit at each position, as the HF engine gives it).
 
 Top-k lists: the float32 values of the step's logits (exact for bfloat16 logits), log-softmax
 with a float64 subtraction (`gate.engines._logits`), as the llama.cpp and ONNX Runtime GenAI
@@ -212,6 +213,7 @@ class MLXEngine(TokenizerMethods):
         chosen: list[int] = []
         tops: list[Pairs] = []
         odd: list[int] = []
+        raw: list[float] = []
         with mx.stream(generation_stream):
             cache, logits = self._prefill(prompt_token_ids)
             for i, fed in enumerate(token_ids):
@@ -219,7 +221,7 @@ class MLXEngine(TokenizerMethods):
                 # The next step's input is the oracle's token: it is computed while this
                 # position's list is read.
                 nxt = self._step(mx.array([int(fed)], dtype=mx.uint32), cache) if i + 1 < len(token_ids) else None
-                token, top = self._read(picked, row, i, top_k, odd)
+                token, top = self._read(picked, row, i, top_k, odd, raw)
                 chosen.append(token)
                 if top is not None:
                     tops.append(top)
@@ -229,7 +231,7 @@ class MLXEngine(TokenizerMethods):
             token_ids=tuple(chosen),
             top_logprobs=tops if top_k > 0 else None,
             mode="decode",
-            extra={"pick_not_logit_argmax": odd},
+            extra={"token_logits": raw, "pick_not_logit_argmax": odd},
         )
 
     def close(self) -> None:
@@ -243,6 +245,7 @@ class MLXEngine(TokenizerMethods):
         ids: list[int] = []
         tops: list[Pairs] = []
         odd: list[int] = []
+        raw: list[float] = []
         finish = "length"
         if prompt.max_tokens > 0:
             fed = [int(t) for t in prompt.prompt_token_ids]
@@ -253,7 +256,7 @@ class MLXEngine(TokenizerMethods):
                     # As generate_step does: the next step is queued on the pick before it is
                     # read (one step wasted after a stop token, as there).
                     nxt = self._step(picked, cache) if i + 1 < prompt.max_tokens else None
-                    token, top = self._read(picked, row, i, top_k, odd)
+                    token, top = self._read(picked, row, i, top_k, odd, raw)
                     ids.append(token)
                     if top is not None:
                         tops.append(top)
@@ -265,7 +268,7 @@ class MLXEngine(TokenizerMethods):
                     logits = nxt
             self._keep(cache, fed)
         texts = self.decode_tokens(ids)
-        extra = {"pick_not_logit_argmax": odd}
+        extra = {"token_logits": raw, "pick_not_logit_argmax": odd}
         return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts, extra)
 
     def _step(self, tokens: Any, cache: list[Any]) -> Any:
@@ -322,12 +325,16 @@ class MLXEngine(TokenizerMethods):
         return picked, row
 
     @staticmethod
-    def _read(picked: Any, row32: Any, position: int, top_k: int, odd: list[int]) -> tuple[int, Pairs | None]:
-        """One position's pick and top-k list, from `_pick`'s arrays."""
+    def _read(
+        picked: Any, row32: Any, position: int, top_k: int, odd: list[int], raw: list[float]
+    ) -> tuple[int, Pairs | None]:
+        """One position's pick and top-k list, from `_pick`'s arrays; the pick's raw logit goes
+        to `raw`, and the position to `odd` when the pick is not the logits' first argmax."""
         token = int(picked.item())
         row = np.asarray(row32).reshape(-1)
         if not np.isfinite(row).all():
             raise EngineError(f"the model produced non-finite logits at position {position} (NaN or inf)")
+        raw.append(float(row[token]))
         if first_argmax(row) != token:
             odd.append(position)
         return token, top_k_pairs(row, top_k, token, position=position) if top_k > 0 else None
@@ -339,12 +346,13 @@ class MLXEngine(TokenizerMethods):
         chosen: list[int] = []
         tops: list[Pairs] = []
         odd: list[int] = []
+        raw: list[float] = []
         with mx.stream(generation_stream):
             out = self.model(mx.array(seq, dtype=mx.uint32)[None], cache=make_prompt_cache(self.model))
             first = len(prompt_ids) - 1
             for i in range(len(token_ids)):
                 picked, row = self._pick(out[:, first + i, :])
-                token, top = self._read(picked, row, i, top_k, odd)
+                token, top = self._read(picked, row, i, top_k, odd, raw)
                 chosen.append(token)
                 if top is not None:
                     tops.append(top)
@@ -352,7 +360,7 @@ class MLXEngine(TokenizerMethods):
             token_ids=tuple(chosen),
             top_logprobs=tops if top_k > 0 else None,
             mode="prefill",
-            extra={"pick_not_logit_argmax": odd},
+            extra={"token_logits": raw, "pick_not_logit_argmax": odd},
         )
 
 
