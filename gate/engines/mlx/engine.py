@@ -117,7 +117,8 @@ class MLXEngine(TokenizerMethods):
         self.folder = self._locate(model, opts["model_path"], dtype)
         self.manifest = read_mlx_manifest(self.folder)
         try:
-            loaded, wrapper, config = mlx_load(str(self.folder), return_config=True)
+            result: Any = mlx_load(str(self.folder), return_config=True)
+            loaded, wrapper, config = result
         except Exception as exc:
             text = " ".join(str(exc).split()) or "no message"
             raise EngineError(f"MLX cannot load {self.folder}: {type(exc).__name__}: {text}") from None
@@ -164,8 +165,8 @@ class MLXEngine(TokenizerMethods):
         manifest = self.manifest or {}
         out: dict[str, Any] = {
             "name": self.name,
-            "version": _version("mlx") or mx.__version__,
-            "mlx": mx.__version__,
+            "version": _version("mlx"),
+            "mlx": _version("mlx"),
             "mlx_lm": _version("mlx-lm"),
             "mlx_backend": _backend(),
             "device": str(self.device),
@@ -400,7 +401,7 @@ def _set_device(raw: Any) -> Any:
     if name not in ("cpu", "gpu"):
         raise InputError(f"--engine-opt device={raw}: expected cpu or gpu")
     if name == "gpu" and not (mx.metal.is_available() or _cuda_available()):
-        raise InputError(f"--engine-opt device=gpu: this MLX ({mx.__version__}) has no GPU backend here")
+        raise InputError(f"--engine-opt device=gpu: this MLX ({_version('mlx')}) has no GPU backend here")
     device = mx.cpu if name == "cpu" else mx.gpu
     mx.set_default_device(device)
     return mx.default_device()
@@ -427,10 +428,12 @@ def _cast(model: Any, dtype: Any) -> None:
 
 
 def _model_dtype(model: Any) -> str:
-    """The dtype of the embedding's floating-point parameters (a quantised embedding's scales)."""
+    """The dtypes of the model's floating-point parameters (in a quantised model: of its
+    scales, biases and norms), comma-separated."""
     from mlx.utils import tree_flatten
 
-    kinds = sorted({str(v.dtype) for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)})
+    flat: list[Any] = list(tree_flatten(model.parameters()))
+    kinds = sorted({str(v.dtype) for _, v in flat if mx.issubdtype(v.dtype, mx.floating)})
     return ",".join(k.removeprefix("mlx.core.") for k in kinds)
 
 
