@@ -140,7 +140,7 @@ def test_a_bf16_logprob_tie_the_logits_do_not_have_goes_to_the_lower_id(tiny: ML
 
 
 def test_the_prefix_cache_reuses_the_shared_prefix_and_keeps_the_tokens(tiny_folder: Path, tiny: MLXEngine) -> None:
-    warm = MLXEngine(str(tiny_folder), prefix_cache="true")
+    warm = MLXEngine(str(tiny_folder), prefix_cache="1")
     base = "import numpy as np\nimport os\n"
     prompts = _prompts(tiny, 8, (base, base + "x = 1", base + "def f():", base))
     cold = tiny.generate(prompts, TOP_K)
@@ -174,8 +174,12 @@ def test_provenance_names_mlx_the_device_dtype_and_the_weights(tiny: MLXEngine) 
 
 
 def test_schedule_knobs_are_gates_names() -> None:
+    from gate.core.engine import SCHEDULE_KNOBS
+
     knobs = schedule_knobs(MLXEngine)
     assert knobs["chunked_prefill"] == "prefill_step_size" and knobs["force_mode"] == "force_mode"
+    # The prefix-cache cell's knob, where gate's vocabulary has it ("1" on, "0" off).
+    assert knobs.get("prefix_cache") == ("prefix_cache" if "prefix_cache" in SCHEDULE_KNOBS else None)
 
 
 def test_chunked_prefill_is_mlx_lms_prefill_step(tiny_folder: Path, tiny: MLXEngine) -> None:
