@@ -163,6 +163,41 @@ def test_the_prefix_cache_reuses_the_shared_prefix_and_keeps_the_tokens(tiny_fol
             assert all(abs(da[t] - db[t]) < 0.05 for t in da.keys() & db.keys())
 
 
+def _with_config(src: Path, dst: Path, **changes: Any) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.pop("rope_theta", None)
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_a_transformers_5_rope_base_is_read_from_rope_parameters(tiny_folder: Path, tmp_path: Path) -> None:
+    """A config that states the RoPE base only in `rope_parameters` (transformers 5) runs with
+    that base, as one stating `rope_theta` (transformers 4) does; with rope_from_config off,
+    mlx-lm's own reading falls back to its default base 10000."""
+    v5 = _with_config(tiny_folder, tmp_path / "v5", rope_parameters={"rope_theta": 100000.0, "rope_type": "default"})
+    v4 = _with_config(tiny_folder, tmp_path / "v4", rope_theta=100000.0)
+    base = _with_config(tiny_folder, tmp_path / "base", rope_theta=10000.0)
+    runs = {}
+    for name, folder, opts in (
+        ("v5", v5, {}),
+        ("v4", v4, {}),
+        ("v5-raw", v5, {"rope_from_config": "false"}),
+        ("base", base, {}),
+    ):
+        engine = MLXEngine(str(folder), **opts)
+        runs[name] = engine.generate(_prompts(engine, 8)[:2], TOP_K)
+        if name == "v5":
+            assert engine.info()["config_overrides"] == {"rope_theta": 100000.0}
+        if name == "v5-raw":
+            assert engine.info()["config_overrides"] == {}
+    tops = {name: [r.top_logprobs for r in recs] for name, recs in runs.items()}
+    assert tops["v5"] == tops["v4"] and tops["v5-raw"] == tops["base"] and tops["v5"] != tops["base"]
+
+
 def test_provenance_names_mlx_the_device_dtype_and_the_weights(tiny: MLXEngine) -> None:
     from gate.models.onnx import source_hashes
 

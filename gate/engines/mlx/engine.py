@@ -31,11 +31,21 @@ spelled q_bits), q_group_size (32, 64, 128; default 64), dtype (bfloat16, float1
 default the folder's own), device (cpu, gpu; default MLX's), prefill_step_size (default
 2048, mlx-lm's), force_mode (decode, prefill), prefix_cache (default false: reuse the KV
 cache of the previous prompt for the prefix a prompt shares with it, as mlx-lm's server
-does with its prompt cache).
+does with its prompt cache), rope_from_config (default true; see below).
+
+Rope parameters: transformers 5 writes a llama's RoPE base into `rope_parameters`
+(`{"rope_theta": 100000.0, "rope_type": "default"}` for the default model's folder), where
+mlx-lm 0.32's llama reads only a top-level `rope_theta` and otherwise falls back to 10000: it
+would run the model with another RoPE base, silently (measured on the default pin: 85
+defects; docs/results/engine-mlx.md). With `rope_from_config` (the default) such a folder's
+`rope_parameters` are handed to mlx-lm as the top-level `rope_theta` (and `rope_scaling` for a
+scaled type) that a transformers-4 config states, recorded in the header
+(`config_overrides`); `rope_from_config=false` runs the folder as mlx-lm reads it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -75,6 +85,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "prefill_step_size": (int, 2048),
     "force_mode": (str, "decode"),
     "prefix_cache": (bool, False),
+    "rope_from_config": (bool, True),
 }
 DTYPES: dict[str, Any] = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
@@ -117,7 +128,8 @@ class MLXEngine(TokenizerMethods):
         self.folder = self._locate(model, opts["model_path"], dtype)
         self.manifest = read_mlx_manifest(self.folder)
         try:
-            result: Any = mlx_load(str(self.folder), return_config=True)
+            self.config_overrides = _rope_overrides(self.folder) if opts["rope_from_config"] else {}
+            result: Any = mlx_load(str(self.folder), model_config=dict(self.config_overrides), return_config=True)
             loaded, wrapper, config = result
         except Exception as exc:
             text = " ".join(str(exc).split()) or "no message"
@@ -178,6 +190,7 @@ class MLXEngine(TokenizerMethods):
             "prefill_step_size": self.prefill_step,
             "force_mode": self.force_mode,
             "prefix_cache": bool(self.options["prefix_cache"]),
+            "config_overrides": self.config_overrides,
             "options": {k: v for k, v in self.options.items() if v is not None},
             "model": self.model_id,
             "mlx_model_dir": str(self.folder),
@@ -363,6 +376,23 @@ class MLXEngine(TokenizerMethods):
             mode="prefill",
             extra={"token_logits": raw, "pick_not_logit_argmax": odd},
         )
+
+
+def _rope_overrides(folder: Path) -> dict[str, Any]:
+    """The RoPE settings a transformers-5 config states only in `rope_parameters`, as the
+    top-level keys mlx-lm's model args read (`rope_theta`; `rope_scaling` for a scaled type);
+    empty when the config states `rope_theta` itself or has no `rope_parameters`."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # mlx_lm.load reports the folder's own fault
+    params = config.get("rope_parameters") if isinstance(config, dict) else None
+    if "rope_theta" in config or not isinstance(params, dict) or "rope_theta" not in params:
+        return {}
+    out: dict[str, Any] = {"rope_theta": params["rope_theta"]}
+    if params.get("rope_type") not in (None, "default") and "rope_scaling" not in config:
+        out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    return out
 
 
 class _Eos:
