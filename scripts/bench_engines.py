@@ -15,12 +15,15 @@ The native call per engine (`--engine`):
 - executorch: the program's own method calls with nothing of gate's around them: one
   `forward` over the prompt, then one per token at the next cache position, the pick a
   `torch.argmax` on the runtime's output tensor (no copy, no top-k).
+- mlx: mlx-lm's own decode loop, `mlx_lm.generate.generate_step` with its default greedy
+  sampler on the engine's loaded model (a fresh KV cache per prompt), until a stop token or
+  the token budget.
 
 Runs are interleaved prompt by prompt (gate generate, native, gate force, ...) and repeated,
 so a machine shared with other jobs slows all three alike; the figures are the median over
 repeats of the per-token time summed over all prompts.
 
-    python scripts/bench_engines.py [--engine hf|llamacpp|ortgenai|executorch] [--model ID] [--prompts 8]
+    python scripts/bench_engines.py [--engine hf|llamacpp|ortgenai|executorch|mlx] [--model ID] [--prompts 8]
         [--max-tokens 32] [--top-k 20] [--threads N] [--engine-opt key=value ...]
 """
 
@@ -161,7 +164,36 @@ def executorch_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[An
     return engine, "executorch method loop", native, where
 
 
-SETUPS = {"hf": hf_setup, "llamacpp": llamacpp_setup, "ortgenai": ortgenai_setup, "executorch": executorch_setup}
+def mlx_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[Any, str, Runner, str]:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    from gate.engines.mlx.engine import MLXEngine
+
+    engine = MLXEngine(args.model, **opts)
+
+    def native(p: Any) -> int:
+        n = 0
+        for token, _ in generate_step(mx.array(list(p.prompt_token_ids)), engine.model, max_tokens=p.max_tokens):
+            n += 1
+            if int(token) in engine.stop_ids:
+                break
+        return n
+
+    info = engine.info()
+    quant = info["quantization"]
+    build = f"{quant['bits']}-bit g{quant['group_size']}" if quant else info["dtype"]
+    where = f"mlx {info['mlx']}, mlx-lm {info['mlx_lm']}, {info['device']}, {build}"
+    return engine, "mlx-lm generate_step", native, where
+
+
+SETUPS = {
+    "hf": hf_setup,
+    "llamacpp": llamacpp_setup,
+    "ortgenai": ortgenai_setup,
+    "executorch": executorch_setup,
+    "mlx": mlx_setup,
+}
 
 
 def main() -> int:

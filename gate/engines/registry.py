@@ -24,6 +24,7 @@ BUILTIN: dict[str, str] = {
     "ortgenai": "gate.engines.ortgenai.engine:OrtGenAIEngine",
     "llama-server": "gate.engines.http.llama_server:LlamaServerEngine",
     "executorch": "gate.engines.executorch.engine:ExecuTorchEngine",
+    "mlx": "gate.engines.mlx.engine:MLXEngine",
 }
 ENTRY_POINT_GROUP = "gate.engines"
 
@@ -44,6 +45,7 @@ ENGINE_EXTRAS = {
     "llamacpp": install_line("llamacpp"),
     "ortgenai": install_line("hf,ortgenai"),
     "executorch": install_line("hf,executorch"),
+    "mlx": install_line("hf,mlx"),
 }
 
 

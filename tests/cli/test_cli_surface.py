@@ -111,7 +111,10 @@ def test_every_install_line_in_the_docs_uses_the_distribution_name() -> None:
 
 def test_an_engine_hint_for_an_extra_that_does_not_exist_is_not_given() -> None:
     assert "openai" not in ENGINE_EXTRAS  # the openai engine needs no extra
-    assert set(ENGINE_EXTRAS) <= {"hf", "vllm", "llamacpp", "ortgenai", "executorch"}
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    for engine, hint in ENGINE_EXTRAS.items():
+        named = {name for group in re.findall(r"\[([^\]]+)\]", hint) for name in group.split(",")}
+        assert named and named <= extras, (engine, hint, named - extras)
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ def test_trace_format_names_every_field_the_engines_and_workflows_add() -> None:
         "forced_isa",
         "device_name",
         "compute_capability",
+        "pick_not_logit_argmax",
         *DOCTRINE_FIELDS,
         *Evidence(0.0, 0.0, 0.0).to_dict(),
     }
