@@ -16,68 +16,21 @@ from gate.cli import options
 
 if TYPE_CHECKING:
     from gate.core.verdict.result import GateResult
+    from gate.workflows.diagnose_request import DiagnoseRequest
 
 
-def run_diagnose(
-    *,
-    model: str | None,
-    engine: str | None,
-    engine_opts: list[str] | None,
-    model_path: Path | None,
-    reference_model: Path | None,
-    prompt: str | None,
-    position: int | None,
-    path: str | None,
-    honest_dtype: str,
-    fmt: str,
-    output: Path | None,
-    pins_dir: Path | None,
-    force: bool,
-) -> int:
-    from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
+def run_diagnose(*, request: DiagnoseRequest, report: options.ReportTarget) -> int:
+    from gate.cli.common import progress_display
     from gate.cli.output import emit, refuse_overwrite, say
-    from gate.core.pins.pin import doctrine_for, load_pin
-    from gate.errors import InputError
-    from gate.models.default import resolve_model_path
     from gate.reports import check_format
-    from gate.workflows.diagnose import diagnose_engine, target_given, target_of_result
-    from gate.workflows.engine_calls import open_engine
-    from gate.workflows.run import RunPlan, gate_run
+    from gate.workflows.diagnose_request import diagnose_request
 
-    fmt = check_format("Diagnosis", fmt)
-    refuse_overwrite(force, (output, "--output"))
-    if (prompt is None) != (position is None):
-        raise InputError("--prompt and --position go together (or neither: diagnose the gate's first defect)")
-    if path is not None and prompt is None:
-        raise InputError("--path goes with --prompt/--position (a divergence's own path is found from the gate)")
-    opts = parse_engine_opts(engine_opts)
-    pin = load_pin(model or default_model(), pins_dir)
-    name = engine or "hf"
-    from gate.engines.registry import resolve
-    from gate.workflows.diagnose import check_capturable
-
-    check_capturable(resolve(name), name)
-    target = None
-    if prompt is not None and position is not None:
-        target = target_given(pin, prompt, position, path or "decode")
-    notes: list[str] = []
-    with open_engine(load_engine_for(name, pin, opts, model_path), name) as cand:
-        if target is None:
-            say("running the gate to find the first defect (--prompt/--position skip this)")
-            with progress_bar() as bar:
-                outcome = gate_run(cand, pin, doctrine_for(pin, strict=False), RunPlan(), progress=ProgressBar(bar))
-            say(f"gate: {outcome.result.verdict}: {outcome.result.summary}")
-            target = target_of_result(pin, outcome.result)
-            if target is None:
-                say("gate diagnose: the candidate's tokens match the oracle's everywhere: nothing to diagnose")
-                return 0
-        if reference_model is not None:
-            weights = str(reference_model)
-        else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
-            weights = getattr(cand, "model_path", None) or resolve_model_path(pin.model)
-        say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
-        diagnosis = diagnose_engine(cand, target, str(weights), honest_dtype=honest_dtype, model=pin.model, notes=notes)
-    emit(diagnosis, fmt, output, force=force, engine_ran=True)
+    fmt = check_format("Diagnosis", report.fmt)
+    refuse_overwrite(report.force, (report.output, "--output"))
+    diagnosis = diagnose_request(request, say=say, display=progress_display)
+    if diagnosis is None:
+        return 0
+    emit(diagnosis, fmt, report.output, force=report.force, engine_ran=True)
     return diagnosis.exit_code
 
 
@@ -149,20 +102,17 @@ def register(app: typer.Typer) -> None:
         force: options.Force = False,
     ) -> None:
         """Locate where a failure enters: the layer, the part and the path (exit 0 nothing located, 1 located)."""
-        raise typer.Exit(
-            run_diagnose(
-                model=model,
-                engine=engine,
-                engine_opts=engine_opt,
-                model_path=model_path,
-                reference_model=reference_model,
-                prompt=prompt,
-                position=position,
-                path=path,
-                honest_dtype=honest_dtype,
-                fmt=fmt.value,
-                output=output,
-                pins_dir=pins_dir,
-                force=force,
-            )
+        from gate.workflows.diagnose_request import DiagnoseRequest
+        from gate.workflows.requests import EngineRequest
+
+        request = DiagnoseRequest(
+            model=model,
+            engine=EngineRequest(engine, tuple(engine_opt or ()), model_path),
+            reference_model=reference_model,
+            prompt=prompt,
+            position=position,
+            path=path,
+            honest_dtype=honest_dtype,
+            pins_dir=pins_dir,
         )
+        raise typer.Exit(run_diagnose(request=request, report=options.ReportTarget(fmt.value, output, force)))
