@@ -123,7 +123,7 @@ def test_plural(n: int, one: str, said: str) -> None:
 
 
 def test_reports_count_one_in_the_singular(tmp_path: Path) -> None:
-    r = invoke(["compare", str(SEED_ORACLE), str(SEED_CANDIDATE)])
+    r = invoke(["compare", str(SEED_ORACLE), str(SEED_CANDIDATE), "--details"])  # the profile is a detail
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
     assert "(1 exact tie, 0 near ties, 0 defects)" in text

@@ -342,13 +342,16 @@ def test_gate_compare_applies_the_doctrine_the_pin_trace_carries(tmp_path: Any) 
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["counts"]["near_ties"] == 1 and report["doctrine"]["near_tie_ulps"] == 2.0
-    assert report["doctrine_source"] == f"the pin's ({o})"
+    assert report["doctrine_source"] == f"the oracle trace's header ({o})"
     # A flag changes its own field only: --near-tie-mnats keeps the pin's grid allowance ...
     r = invoke(["compare", o, c, "--format", "json", "--near-tie-mnats", "125"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["doctrine"]["near_tie_ulps"] == 2.0 and report["doctrine"]["near_tie_mnats"] == 125.0
-    assert report["doctrine_source"] == f"the pin's ({o}); changed on the command line: --near-tie-mnats 125"
+    assert (
+        report["doctrine_source"]
+        == f"the oracle trace's header ({o}); changed on the command line: --near-tie-mnats 125"
+    )
     # ... and --near-tie-ulps 0 takes the allowance away: the same 250-mnat flip is a defect.
     r = invoke(["compare", o, c, "--format", "json", "--near-tie-ulps", "0"])
     assert r.exit_code == 1, r.output
@@ -403,7 +406,7 @@ def test_a_drift_far_beyond_honest_is_reported_loudly_even_without_a_flip() -> N
     assert "FAR BEYOND HONEST DRIFT" in " ".join(render_text(r).split())
     assert "FAR BEYOND HONEST DRIFT" in render_markdown(r)
     o, c = _runs(40, 0.5)
-    honest = " ".join(render_text(compare(o, c, DOCTRINE)).split())
+    honest = " ".join(render_text(compare(o, c, DOCTRINE), details=True).split())
     assert "run drift: median 0.50, p90 0.50" in honest and "(median limit 2 over the run" in honest
     assert "FAR BEYOND" not in honest
 

@@ -479,7 +479,7 @@ def test_check_reports_in_every_format(toy: dict[str, Any], fmt: str) -> None:
     assert "was recording a tie-break" in flat and "verdict: moved (exit 1)" in flat
     assert "torch.argmax and vLLM take the lowest id among equal maxima" in flat
     _, chosen, other = next(iter(first_ties(toy["pins"]).values()))
-    label = '{0} "<t{0}>"' if fmt == "rich" else '{0} "&lt;t{0}&gt;"'
+    label = '{0} "<t{0}>"' if fmt == "rich" else '{0} "\\<t{0}\\>"'
     assert label.format(other) in flat and label.format(chosen) in flat
     if fmt == "markdown":
         assert out.startswith("## ❌ gate goldens: moved") and "| prompt | position |" in out

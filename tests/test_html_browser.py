@@ -156,10 +156,11 @@ def test_seed_page_loads_without_console_messages(tmp_path: Path) -> None:
 
 def test_screenshot_shows_the_strips(tmp_path: Path, mixed_page: Path) -> None:
     shot = tmp_path / "shot.png"
-    run = chromium(tmp_path, mixed_page, f"--screenshot={shot}", "--window-size=1200,700")
+    # tall: the strips come after the verdict card and the divergences
+    run = chromium(tmp_path, mixed_page, f"--screenshot={shot}", "--window-size=1200,4000")
     assert shot.exists(), run.stderr[-3000:]
     image = read_png(shot)
-    assert image.shape[:2] == (700, 1200)
+    assert image.shape[:2] == (4000, 1200)
     # Strip rows: long runs of the match colour (every strip starts with matches).
     is_match = (image == np.array(COLOURS["match"], dtype=np.uint8)).all(axis=2)
     strip_rows = np.nonzero(is_match.sum(axis=1) > 300)[0]

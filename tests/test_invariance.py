@@ -227,7 +227,7 @@ def test_a_forced_cell_is_compared_at_every_position() -> None:
 def test_the_matrix_renders_in_every_format(pins: Path) -> None:
     r = invariance(pins, f"{FAKES}:PlaceFake", "--format", "markdown")
     assert r.exit_code == 1, r.output
-    assert "| batch | batch_size=6 | varies |" in r.stdout
+    assert "| batch | batch\\_size=6 | varies |" in r.stdout
     html = invariance(pins, f"{FAKES}:PlaceFake", "--format", "html")
     assert html.stdout.startswith("<!doctype html>") and 'class="tile"' in html.stdout
     assert "<script" not in html.stdout and "http" not in html.stdout.split("</title>", 1)[1]
@@ -275,3 +275,16 @@ def test_a_reference_without_raw_logits_is_sized_at_the_evidence_floor() -> None
     assert weighed.token_flips == {"exact_tie": 0, "near_tie": 1, "defect": 0}
     tight = Doctrine(evidence=Evidence(oracle_ulps=1, candidate_ulps=2, drift_ulps=2))
     assert compare_runs(_trace(ref), _trace(flip), tight, Schedule("batch")).token_flips["defect"] == 1
+
+
+@pytest.mark.parametrize("placeholder", ["{title}", "{rows}", "{summary}", "%s", "${head}"])
+def test_the_html_page_cannot_be_addressed_by_a_name(placeholder: str) -> None:
+    """An engine or model name that looks like a placeholder of the page is shown as text."""
+    ref = _rec("a", (5, 6), [[[5, -0.1], [7, -0.35]], [[6, -0.01]]])
+    cell = compare_runs(_trace(ref), _trace(ref), Doctrine(), Schedule("batch"))
+    result = InvarianceResult(
+        engine=placeholder, model=placeholder, baseline=Schedule("baseline"), cells=(cell,), doctrine=Doctrine()
+    )
+    page = render(result, "html")
+    assert f"<title>gate invariance: {placeholder} on {placeholder}</title>" in page
+    assert page.count("<table>") == 1 and page.count("<style>") == 1 and page.count("<h1>") == 1

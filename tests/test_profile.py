@@ -41,7 +41,8 @@ def test_every_report_carries_the_profile(tmp_path: Path) -> None:
     result = mixed_result(tmp_path)
     lines = profile_lines(result)
     assert lines[0].startswith("Divergence profile: 8 of 64 positions diverge (12.5%, 1 in 8)")
-    text = render_text(result)
+    assert "Divergence profile" not in render_text(result)  # a detail of the terminal report
+    text = render_text(result, details=True)
     assert "Divergence profile: 8 of 64 positions" in text and "#2 at 6 positions" in text
     assert "Divergence profile: 8 of 64 positions" in render_markdown(result)
     data = orjson.loads(render_json(result))

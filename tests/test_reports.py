@@ -52,7 +52,7 @@ def many(result: GateResult, n: int) -> GateResult:
 
 
 def test_text_report_lays_out_every_divergence_kind(mixed: GateResult) -> None:
-    text = render_text(mixed)
+    text = render_text(mixed, details=True)
     assert "\x1b[" not in text
     assert all(len(line) <= 100 for line in text.splitlines())
     flat = " ".join(line.strip(" │") for line in text.splitlines())
@@ -81,7 +81,8 @@ def test_text_report_lays_out_every_divergence_kind(mixed: GateResult) -> None:
 
 def test_text_report_stays_short_with_hundreds_of_divergences(mixed: GateResult) -> None:
     big = many(mixed, 300)
-    text = render_text(big)
+    assert render_text(big).count("╭─") == 3  # the first defects in full; --details shows more
+    text = render_text(big, details=True)
     panels = text.count("╭─")
     assert panels == 12  # the first divergences in full
     assert "The other 296 divergences" in text
@@ -99,7 +100,7 @@ def test_prompt_table_lists_only_diverged_prompts_when_many(tmp_path: Path) -> N
 
 def test_print_report_colours_classes(mixed: GateResult) -> None:
     console = Console(record=True, width=120, force_terminal=True, color_system="truecolor")
-    print_report(mixed, console)
+    print_report(mixed, console, details=True)
     html = console.export_html(inline_styles=True)
     assert "EXACT TIE" in html and "#008080" in html  # cyan for exact ties
     assert "#800000" in html or "#ff0000" in html  # red for defects
@@ -139,7 +140,7 @@ def test_markdown_tables_survive_hostile_text(mixed: GateResult) -> None:
             tables.setdefault(width, 0)
             tables[width] += 1
     assert set(tables) == {6, 13}  # every row of each table has the header's column count
-    assert "<script>" not in md and "&lt;script&gt;" in md
+    assert "<script>" not in md and r"\<script\>" in md
     assert r'"a\|b\`c\\nd"' in md
     assert md.startswith("## ❌ gate: fail\n")
     assert f"**{mixed.summary}**" in md
@@ -155,13 +156,15 @@ def test_markdown_never_renders_a_token_as_a_link_or_image(mixed: GateResult, te
     tie = next(d for d in mixed.divergences if d.cls == EXACT_TIE)
     hostile = replace(tie, oracle_text=text, candidate_text=text, prompt_id=text)
     md = render_markdown(replace(mixed, divergences=(hostile, *mixed.divergences[1:])))
-    for live in ("![", "](", "[click]", "<https", "`code`"):
+    for live in ("![", "[click]", "`code`"):
         assert live not in md, live
+    assert not re.search(r"(?<!\\)\]\(", md)  # an escaped bracket opens no link
+    assert not re.search(r"(?<!\\)<https", md)  # an escaped `<` is text
 
 
 def test_markdown_folds_long_tables(mixed: GateResult) -> None:
     md = render_markdown(many(mixed, 100))
-    assert md.count("<details>") == 2 and md.count("</details>") == 2
+    assert md.count("<details>") == 3 and md.count("</details>") == 3  # two tables folded, and the details
     assert "more divergences" in md
 
 
@@ -301,7 +304,7 @@ def test_gaps_in_grid_steps_when_the_oracle_has_raw_logits(tmp_path: Path) -> No
     near["token_logits"] = [20.0] * len(near["token_ids"])  # bf16 step at 16-32: 0.125 nats
     o, c = write_pair(tmp_path, oracle, cand)
     result = compare(read_trace(o), read_trace(c), Doctrine(near_tie_ulps=1.0))
-    flat = " ".join(line.strip(" │") for line in render_text(result).splitlines())
+    flat = " ".join(line.strip(" │") for line in render_text(result, details=True).splitlines())
     assert "oracle − candidate 125.0 mnats (1.00 grid steps of 125.0 mnats)" in flat
     assert "(1.00 grid steps)" in render_html(result)
     assert "or 1 bfloat16 grid steps" in render_markdown(result)

@@ -22,7 +22,7 @@ def compare_files(*, request: CompareRequest, report: options.ReportTarget) -> i
     fmt = check_format("GateResult", report.fmt)
     refuse_overwrite(report.force, (report.output, "--output"), inputs=(request.oracle, request.candidate))
     result = compare_traces(request)
-    emit(result, fmt, report.output, force=report.force)
+    emit(result, fmt, report.output, force=report.force, details=report.details)
     return result.exit_code
 
 
@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         strict: options.Strict = False,
         fmt: options.GateFormatOpt = options.GateFormat.rich,
         output: options.Output = None,
+        details: options.Details = False,
         force: options.Force = False,
     ) -> None:
         """Adjudicate two trace files without loading any model, torch or engine."""
@@ -44,4 +45,4 @@ def register(app: typer.Typer) -> None:
         from gate.workflows.requests import DoctrineFlags
 
         request = CompareRequest(oracle, candidate, DoctrineFlags(near_tie_mnats, near_tie_ulps, no_evidence), strict)
-        raise typer.Exit(compare_files(request=request, report=options.ReportTarget(fmt.value, output, force)))
+        raise typer.Exit(compare_files(request=request, report=options.ReportTarget(fmt.value, output, force, details)))

@@ -41,12 +41,12 @@ PinsDir = Annotated[
 ]
 # The doctrine flags: each changes its own field of the pin's doctrine and keeps the rest
 # (`gate.core.verdict.doctrine.resolve_doctrine`).
-DOCTRINE_PANEL = "Doctrine (each flag changes its own field of the pin's doctrine)"
+DOCTRINE_PANEL = "Doctrine (each flag changes its own field of the doctrine the pin or oracle trace carries)"
 NearTieMnats = Annotated[
     float | None,
     typer.Option(
         "--near-tie-mnats",
-        help="Near-tie threshold in millinats \\[default: the pin's doctrine, else 125].",
+        help="Near-tie threshold in millinats \\[default: the pin's or oracle trace's doctrine, else 125].",
         rich_help_panel=DOCTRINE_PANEL,
     ),
 ]
@@ -55,7 +55,7 @@ NearTieUlps = Annotated[
     typer.Option(
         "--near-tie-ulps",
         help="Also ratify gaps within N steps of the dtype grid (needs the oracle's raw logits) "
-        "\\[default: the pin's doctrine, else none].",
+        "\\[default: the pin's or oracle trace's doctrine, else none].",
         rich_help_panel=DOCTRINE_PANEL,
     ),
 ]
@@ -63,13 +63,22 @@ NoEvidence = Annotated[
     bool,
     typer.Option(
         "--no-evidence",
-        help="Judge without the pin's evidence rule (its other fields stay).",
+        help="Judge without the evidence rule of the pin's or oracle trace's doctrine (its other fields stay).",
         rich_help_panel=DOCTRINE_PANEL,
     ),
 ]
 Strict = Annotated[
     bool,
     typer.Option("--strict", help="Fail (exit 1) unless every prompt is strict.", rich_help_panel=DOCTRINE_PANEL),
+]
+Details = Annotated[
+    bool,
+    typer.Option(
+        "--details",
+        "-v",
+        help="The terminal report with its details: provenance, the doctrine, every prompt, the full figures.",
+        rich_help_panel="Output",
+    ),
 ]
 Output = Annotated[
     Path | None,
@@ -93,11 +102,13 @@ SaveTrace = Annotated[
 
 @dataclass(frozen=True, slots=True)
 class ReportTarget:
-    """Where and how a command's report goes: `--format`, `--output`, `--force`."""
+    """Where and how a command's report goes: `--format`, `--output`, `--force`, and
+    `--details` where the command has it."""
 
     fmt: str = "rich"
     output: Path | None = None
     force: bool = False
+    details: bool = False
 
 
 # --------------------------------------------------------------------------- gate run

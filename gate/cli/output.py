@@ -9,8 +9,10 @@ The rule, the same for all:
   is on stderr anyway). A command that only reads files and prints its report on stdout
   prints nothing else, so `gate compare ... --format json 2>&1 | jq` parses: the report
   carries the summary itself.
-- In a GitHub Actions job (`GITHUB_STEP_SUMMARY` set) the Markdown report, where the
-  result has one, is appended to the job summary once, here.
+- In a GitHub Actions job (`GITHUB_STEP_SUMMARY` set) the job summary gets the report once,
+  here: the Markdown report, where the result has one, is appended to it; or, when
+  `--output` names the job summary itself, the report asked for is appended there instead
+  (never replaced: no --force needed) and nothing more.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def refuse_overwrite(
     if force:
         return
     for path, flag in targets:
-        if path is not None and not to_stdout(path) and path.exists():
+        appended = flag == "--output" and is_step_summary(path)  # the job summary: appended to, not replaced
+        if path is not None and not to_stdout(path) and path.exists() and not appended:
             raise error(message.format(flag=f"{flag} " if flag else "", path=path))
 
 
@@ -99,37 +102,74 @@ def write_data(data: bytes, output: Path | None, *, force: bool = False, backup:
     return atomic_write(output, data, overwrite=force, backup=backup)
 
 
-def emit(result: Any, fmt: str, output: Path | None = None, *, force: bool = False, engine_ran: bool = False) -> None:
-    """Render `result` in `fmt` and send it where the rule above says."""
+def emit(
+    result: Any,
+    fmt: str,
+    output: Path | None = None,
+    *,
+    force: bool = False,
+    engine_ran: bool = False,
+    details: bool = False,
+) -> None:
+    """Render `result` in `fmt` and send it where the rule above says (`details`: with the
+    report's details section, where it has one)."""
     from gate.reports import print_rich, render
 
     if fmt == "rich" and to_stdout(output) and sys.stdout.isatty():
         from rich.console import Console
 
-        print_rich(result, Console(highlight=False, soft_wrap=False))
+        print_rich(result, Console(highlight=False, soft_wrap=False), details=details)
     else:  # a file or a pipe: fixed width, no colour codes
-        text = render(result, fmt)
-        if not text.endswith("\n") and to_stdout(output):
+        text = render(result, fmt, details=details)
+        if not text.endswith("\n") and (to_stdout(output) or is_step_summary(output)):
             text += "\n"
-        write_data(text.encode("utf-8"), output, force=force)
+        if output is not None and is_step_summary(output):
+            # The job summary is appended to, as GitHub documents it: the report goes there
+            # once, in the format asked, and nothing else is appended after it.
+            append_text(text, output, "--output")
+        else:
+            write_data(text.encode("utf-8"), output, force=force)
     if not to_stdout(output):
         say(result.summary, f"report written to {output}")
     elif fmt != "rich" and engine_ran:
         say(result.summary)
-    append_step_summary(result)
+    if not is_step_summary(output):
+        append_step_summary(result)
+
+
+def step_summary() -> Path | None:
+    """GitHub Actions' job summary file (`GITHUB_STEP_SUMMARY`), when set."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    return Path(target) if target else None
+
+
+def is_step_summary(output: Path | None) -> bool:
+    """`output` is the job summary itself (by path, or by file identity)."""
+    target = step_summary()
+    if target is None or output is None or to_stdout(output):
+        return False
+    if os.path.abspath(output) == os.path.abspath(target):
+        return True
+    return same_file(output, [target]) is not None
+
+
+def append_text(text: str, target: Path, what: str) -> bool:
+    """Append `text` to `target`; a failure is a warning (the verdict and exit code stand)."""
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        say(f"gate: warning: cannot append to {what} {target}: {exc.strerror or exc}")
+        return False
+    return True
 
 
 def append_step_summary(result: Any) -> None:
     """In a GitHub Actions job, append the Markdown report to the job summary, whatever the
-    format asked for. A summary that cannot be written is a warning: it must not change
-    the verdict or the exit code."""
+    format asked for (unless `--output` named the summary itself: `emit` wrote it there)."""
     from gate.reports import has_format, render
 
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not target or not has_format(result, "markdown"):
+    target = step_summary()
+    if target is None or not has_format(result, "markdown"):
         return
-    try:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(render(result, "markdown") + "\n")
-    except OSError as exc:
-        say(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}")
+    append_text(render(result, "markdown") + "\n", target, "GITHUB_STEP_SUMMARY")

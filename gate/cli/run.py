@@ -40,7 +40,7 @@ def run_gate(*, request: RunRequest, report: options.ReportTarget, timings: bool
         # Ctrl-C: the report of the prompts done so far, then exit 130 (gate.cli.main).
         emit(exc.outcome.result, fmt, None, engine_ran=True)
         raise
-    emit(outcome.result, fmt, report.output, force=report.force, engine_ran=engine_ran)
+    emit(outcome.result, fmt, report.output, force=report.force, engine_ran=engine_ran, details=report.details)
     if engine_ran:
         from gate.cli.diagnose import diagnose_hint
 
@@ -72,6 +72,7 @@ def register(app: typer.Typer) -> None:
         strict: options.Strict = False,
         fmt: options.GateFormatOpt = options.GateFormat.rich,
         output: options.Output = None,
+        details: options.Details = False,
         save_trace: options.SaveTrace = None,
         candidate_trace: options.CandidateTrace = None,
         pins_dir: options.PinsDir = None,
@@ -103,5 +104,5 @@ def register(app: typer.Typer) -> None:
             repeat=repeat,
         )
         raise typer.Exit(
-            run_gate(request=request, report=options.ReportTarget(fmt.value, output, force), timings=timings)
+            run_gate(request=request, report=options.ReportTarget(fmt.value, output, force, details), timings=timings)
         )

@@ -8,6 +8,7 @@ A new format is one line in `RENDERERS`; a new result type, one line per format 
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from gate.errors import InputError
@@ -69,16 +70,23 @@ def _load(target: str) -> Any:
     return getattr(importlib.import_module(module), func)
 
 
-def render(result: Any, fmt: str) -> str:
-    """`result` as text in `fmt`."""
+def _with_details(func: Any, details: bool) -> dict[str, bool]:
+    """`details=True` for a renderer that has a details section (the others have none)."""
+    return {"details": True} if details and "details" in inspect.signature(func).parameters else {}
+
+
+def render(result: Any, fmt: str, *, details: bool = False) -> str:
+    """`result` as text in `fmt` (`details`: with the details section, where it has one)."""
     kind = type(result).__name__
-    return str(_load(RENDERERS[kind, check_format(kind, fmt)])(result))
+    func = _load(RENDERERS[kind, check_format(kind, fmt)])
+    return str(func(result, **_with_details(func, details)))
 
 
 def has_format(result: Any, fmt: str) -> bool:
     return (type(result).__name__, fmt) in RENDERERS
 
 
-def print_rich(result: Any, console: Any) -> None:
+def print_rich(result: Any, console: Any, *, details: bool = False) -> None:
     """Draw `result`'s rich report on `console` (a terminal: colour, its width)."""
-    _load(TERMINAL[type(result).__name__])(result, console)
+    func = _load(TERMINAL[type(result).__name__])
+    func(result, console, **_with_details(func, details))

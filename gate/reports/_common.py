@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
@@ -287,3 +288,49 @@ def provenance_line(result: GateResult) -> str:
     if machine and machine.get("pin") and machine.get("candidate"):
         parts.append(f"pin recorded on {machine['pin']}, candidate on {machine['candidate']}")
     return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- Markdown text
+
+# Characters Markdown (CommonMark with GitHub's extensions) may read as syntax anywhere in
+# a line: emphasis, code, links and images (their brackets: a parenthesis or `!` is inert
+# without them), raw HTML, autolinks and entities, tables, strikethrough, math.
+_MD_PUNCT = re.compile(r"([\\`*_\[\]<>|~&$])")
+# What GitHub turns into links or notifications after Markdown, on the page's text:
+# URLs (`scheme://`, `www.`), e-mail addresses and @mentions (`@`), issue and pull
+# request references (`#123`, `GH-123`), emoji shortcodes (`:name:`). A word joiner (U+2060,
+# invisible, no line break) splits each trigger so nothing matches.
+_WJ = "\u2060"
+_MD_TRIGGERS = (
+    (re.compile(r":(?=//)"), ":" + _WJ),
+    (re.compile(r"(?i)(?<![a-z0-9])(www)(?=\\?\.)"), r"\1" + _WJ),
+    (re.compile(r"@"), "@" + _WJ),
+    (re.compile(r"(?<=#)(?=[0-9a-z])", re.I), _WJ),
+    (re.compile(r"(?i)(?<![a-z0-9])(gh)(?=-[0-9])"), r"\1" + _WJ),
+    (re.compile(r"(?i):(?=[a-z0-9_+-]+:)"), ":" + _WJ),
+)
+
+
+def markdown_text(text: str) -> str:
+    """`text` from anywhere (a token, a prompt id, a model name, a sentence naming them)
+    made inert in a Markdown report, for a table cell or a sentence alike: controls
+    escaped (`printable`), newlines as `\\n`, every syntax character backslash-escaped,
+    and every autolink, mention, reference or shortcode trigger split by a word joiner.
+    The one escaping function of every Markdown writer."""
+    out = _MD_PUNCT.sub(r"\\\1", printable(text))
+    out = out.replace("\r", "\\r").replace("\n", "\\n")
+    if re.match(r"([-+=]+|#{1,6})(\s|$)", out):
+        out = "\\" + out  # a list item, a setext underline or a heading at a line's start
+    out = re.sub(r"^(\d+)\.(?=\s|$)", r"\1\\.", out)  # an ordered list item
+    for pattern, repl in _MD_TRIGGERS:
+        out = pattern.sub(repl, out)
+    return out
+
+
+def markdown_code_block(lines: list[str]) -> list[str]:
+    """`lines` as a fenced code block no line can close (the fence is longer than any run
+    of backticks in them); controls escaped. GitHub links nothing inside a code block."""
+    body = [printable(line) for line in lines]
+    longest = max((len(run) for line in body for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *body, fence]

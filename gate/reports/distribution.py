@@ -13,6 +13,7 @@ from typing import Any
 
 from gate.core.verdict.distribution import BEYOND_WHY, MIN_POSITIONS, Figures, RunDistribution
 from gate.core.verdict.result import GateResult
+from gate.reports.reason import no_floor_words
 
 CLASS_WORDS = {"match": "match", "exact_tie": "exact tie", "near_tie": "near tie", "defect": "defect"}
 LOUD, QUIET, PLAIN = "loud", "quiet", "plain"
@@ -51,48 +52,86 @@ def class_line(d: RunDistribution) -> str:
     return "  by class: " + "; ".join(parts)
 
 
-def floor_line(d: RunDistribution) -> tuple[str, str]:
-    """What the distribution verdict decided, in words, and how loud to say it."""
+def limits_text(d: RunDistribution) -> str:
     fl = d.floor
     if fl is None:
-        return (
-            "distribution verdict: none — the pin carries no honest floor (doctrine.floor), so this run is "
-            "judged without the distribution verdict",
-            PLAIN,
-        )
-    limits = (
+        return ""
+    return (
         f"mean KL ≤ {fl.kl_mean_limit:.3f} mnats, p99 KL ≤ {fl.kl_p99_limit:.3f} mnats, same top ≥ "
-        f"{100 * (1 - fl.same_top_miss_limit):.2f}% (the honest floor × margin {fl.margin:g}; {fl.measured_by})"
+        f"{100 * (1 - fl.same_top_miss_limit):.2f}%"
     )
+
+
+def floor_provenance(d: RunDistribution) -> str:
+    """Where the floor's limits come from (the long part: the details section's)."""
+    fl = d.floor
+    if fl is None:
+        return ""
+    return f"the honest floor: its limits are the floor × margin {fl.margin:g}; {fl.measured_by}"
+
+
+def floor_line(d: RunDistribution, result: GateResult | None = None) -> tuple[str, str]:
+    """What the distribution verdict decided, in one line, and how loud to say it. With the
+    result, the line says whether a missing floor is the pin's or a trace oracle's."""
+    if d.floor is None:
+        said = no_floor_words(result) if result is not None else "no honest floor was given"
+        return (f"distribution verdict: none — {said}, so this run is judged without it", PLAIN)
+    limits = limits_text(d)
+    own = not_judged_words(d)
     if not d.judged:
-        return (
-            f"distribution verdict: not judged — {d.overall.positions} positions with the candidate's top-k on the "
-            f"oracle's context, fewer than {MIN_POSITIONS} (limits: {limits})",
-            PLAIN,
-        )
+        return (f"distribution verdict: not judged — {own} (limits: {limits})", PLAIN)
     if d.beyond:
         return (
-            f"distribution verdict: BEYOND THE HONEST FLOOR — {BEYOND_WHY}: {'; '.join(d.beyond_figures)}. "
+            f"distribution verdict: BEYOND THE HONEST FLOOR — {'; '.join(d.beyond_figures)}: {BEYOND_WHY}. "
             "Not a pass (exit 1), whatever the token flips say",
             LOUD,
         )
     return (f"distribution verdict: within the honest floor ({limits})", QUIET)
 
 
-def distribution_lines(result: GateResult) -> list[tuple[str, str]]:
-    """The block as (line, style) pairs; style is "loud", "quiet" or "plain". Empty when the
-    result carries no distribution (a result built by hand)."""
+def not_judged_words(d: RunDistribution) -> str:
+    """Why a run with a floor is not judged: the core's own words where it states them."""
+    for name in ("not_judged_reason", "not_judged_why", "why_not_judged"):
+        value = getattr(d, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return (
+        f"{d.overall.positions} positions with the candidate's top-k on the oracle's context, fewer than "
+        f"{MIN_POSITIONS}"
+    )
+
+
+def figures_line(d: RunDistribution) -> str:
+    """The run's three judged figures in one line, with their limits where there is a floor."""
+    f, fl = d.overall, d.floor
+    rate = None if f.same_top_rate is None else 100.0 * f.same_top_rate
+    mean = f"mean KL {_pm(f.kl_mean_mnats, f.kl_se_mnats)} mnats"
+    p99 = f"p99 KL {_n(f.kl_p99_mnats)} mnats"
+    same = f"same top {_n(rate, 2)}%"
+    if fl is not None:
+        mean += f" (limit {fl.kl_mean_limit:.3f})"
+        p99 += f" (limit {fl.kl_p99_limit:.3f})"
+        same += f" (limit {100 * (1 - fl.same_top_miss_limit):.2f}%)"
+    return f"{mean}, {p99}, {same}; {f.positions} positions sharing the oracle's context"
+
+
+def distribution_summary_lines(result: GateResult) -> list[tuple[str, str]]:
+    """The block at a glance: the verdict line, then the judged figures in one line."""
     d = result.distribution
     if d is None:
         return []
+    verdict = floor_line(d, result)
     if d.overall.positions == 0:
-        return [
-            (
-                "distribution: not measured (the candidate reports no top-k at positions sharing the oracle's context)",
-                PLAIN,
-            ),
-            floor_line(d),
-        ]
+        return [verdict, ("no top-k from the candidate at positions sharing the oracle's context", QUIET)]
+    return [verdict, (figures_line(d), QUIET)]
+
+
+def distribution_detail_lines(result: GateResult) -> list[tuple[str, str]]:
+    """The long part: how the figures are measured, llama.cpp's block, by class, the floor's
+    provenance."""
+    d = result.distribution
+    if d is None or d.overall.positions == 0:
+        return []
     head = (
         f"distribution vs the oracle at {d.overall.positions} positions sharing its context (free-run prefix and "
         "forced; KL(oracle ‖ candidate) over the common top-k, each side renormalised over it)"
@@ -100,8 +139,18 @@ def distribution_lines(result: GateResult) -> list[tuple[str, str]]:
     lines = [(head, QUIET), *((x, QUIET) for x in figure_lines(d.overall)), (class_line(d), QUIET)]
     if d.overall.no_common_support:
         lines.append((f"  {d.overall.no_common_support} positions with no token in common (KL counted 0)", QUIET))
-    lines.append(floor_line(d))
+    if d.floor is not None:
+        lines.append((floor_provenance(d), QUIET))
     return lines
+
+
+def distribution_lines(result: GateResult) -> list[tuple[str, str]]:
+    """The whole block as (line, style) pairs, the verdict line last; style is "loud",
+    "quiet" or "plain". Empty when the result carries no distribution (built by hand)."""
+    d = result.distribution
+    if d is None:
+        return []
+    return [*distribution_detail_lines(result), *distribution_summary_lines(result)[1:], floor_line(d, result)]
 
 
 # Rich styles of the terminal report, by the kind `distribution_lines` names.
@@ -109,28 +158,33 @@ DISTRIBUTION_STYLES = {LOUD: "bold red", QUIET: "dim", PLAIN: "bold yellow"}
 
 
 def distribution_markdown(result: GateResult, cell: Callable[[str], str]) -> list[str]:
-    """The block for the Markdown report (a fenced figure block, the verdict line in bold;
-    `cell` is the report's escaping of text from the inputs)."""
-    lines = distribution_lines(result)
+    """The block for the Markdown report: the verdict line in bold and the judged figures;
+    `cell` is the report's escaping. The long part is `distribution_detail_lines`."""
+    lines = distribution_summary_lines(result)
     if not lines:
         return []
-    *figures, (verdict, _) = lines
-    out = ["", f"**{cell(verdict)}**", ""]
-    if figures:
-        out += ["```", *(line for line, _ in figures), "```", ""]
-    return out
+    (verdict, _), *rest = lines
+    return ["### Distribution", "", f"**{cell(verdict)}**", "", *(cell(line) for line, _ in rest), ""]
 
 
 def distribution_html(result: GateResult) -> str:
-    """The block for the HTML report's header (escaped: the figures hold no trace text)."""
+    """The block for the HTML report's own section: the verdict line, the judged figures,
+    then llama.cpp's block (escaped: the figures hold no trace text)."""
     from html import escape
 
-    lines = distribution_lines(result)
+    lines = distribution_summary_lines(result)
     if not lines:
         return ""
-    *figures, (verdict, _) = lines
-    body = "\n".join(escape(line) for line, _ in figures)
-    return (f'<pre class="note">{body}</pre>' if body else "") + f'<p class="note"><b>{escape(verdict)}</b></p>'
+    (verdict, kind), *rest = lines
+    d = result.distribution
+    assert d is not None
+    block = [*figure_lines(d.overall), class_line(d)] if d.overall.positions else []
+    figures = "\n".join(escape(line) for line in block)
+    return (
+        f'<p class="dverdict {kind}">{escape(verdict)}</p>'
+        + "".join(f"<p>{escape(line)}</p>" for line, _ in rest)
+        + (f"<pre>{figures}</pre>" if figures else "")
+    )
 
 
 def junit_distribution_case(result: GateResult, suites: Any, suite: Any, classname: str) -> None:
@@ -141,7 +195,7 @@ def junit_distribution_case(result: GateResult, suites: Any, suite: Any, classna
     d = result.distribution
     if d is None or not d.beyond:
         return
-    verdict, _ = floor_line(d)
+    verdict, _ = floor_line(d, result)
     case = ET.SubElement(suite, "testcase", classname=classname, name="distribution", time="0")
     failure = ET.SubElement(case, "failure", message=verdict, type="distribution")
     failure.text = "\n".join(line for line, _ in distribution_lines(result))

@@ -46,7 +46,6 @@ from gate.core.verdict.result import (
 )
 from gate.reports._common import (
     CLASS_LABELS,
-    VERDICT_LABELS,
     by_prompt,
     class_counts,
     doctrine_line,
@@ -65,7 +64,8 @@ from gate.reports._common import (
     verdict_line,
     why,
 )
-from gate.reports.distribution import distribution_html
+from gate.reports.distribution import distribution_detail_lines, distribution_html, floor_provenance
+from gate.reports.reason import because, headline
 
 # Full cards for the first divergences; one table row for each of the rest.
 MAX_CARDS = 60
@@ -103,28 +103,45 @@ class Bar:
 
 
 def render_html(result: GateResult) -> str:
+    """The page, composed by concatenation of escaped parts: no text from the result is
+    ever a template, so a model id such as `{body}` is shown, never expanded."""
     result = for_humans(result)
-    title = f"gate: {VERDICT_LABELS.get(result.verdict, result.verdict)}"
-    if result.model:
-        title += f" — {result.model}"
+    title = f"gate: {headline(result)}" + (f" — {result.model}" if result.model else "")
     body = "\n".join(
         [
             _header(result),
+            _notices(result),
+            _divergences(result),
+            _distribution_section(result),
             _strips(result),
             _plots(result),
-            _divergences(result),
+            _details(result),
             f"<footer>gate {escape(__version__)} · self-contained report, nothing loaded from the network</footer>",
         ]
     )
-    return _PAGE.replace("{title}", escape(title)).replace("{css}", _CSS).replace("{js}", _JS).replace("{body}", body)
+    return "".join(
+        [
+            _PAGE_HEAD,
+            "<title>",
+            escape(title),
+            "</title>\n<style>",
+            _CSS,
+            "</style>\n</head>\n<body>\n",
+            body,
+            "\n<script>",
+            _JS,
+            "</script>\n</body>\n</html>\n",
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- summary
 
 
 def _header(result: GateResult) -> str:
+    """The verdict card: the verdict, its reason in one sentence, the counts; nothing else."""
     c = result.counts
-    cards = [
+    counts = [
         ("prompts strict", f"{c['strict_pass']}/{c['prompts']}", ""),
         ("prompts ratified", f"{c['ratified_pass']}/{c['prompts']}", ""),
         ("positions matched", f"{c['positions_matched']}/{c['positions']}", ""),
@@ -133,23 +150,47 @@ def _header(result: GateResult) -> str:
         ("defects", str(c["defects"]), "o-defect"),
         ("unadjudicated", str(c["unadjudicated_positions"]), "o-unadj"),
     ]
-    card_html = "".join(
-        f'<div class="card"><span class="swatch {css}"></span><b>{escape(v)}</b><small>{escape(k)}</small></div>'
-        for k, v, css in cards
+    chips = "".join(
+        f'<div class="tally"><span class="swatch {css}"></span><b>{escape(v)}</b> <small>{escape(k)}</small></div>'
+        for k, v, css in counts
     )
-    prov = provenance_line(result)
     return (
-        f'<header class="verdict v-{escape(result.verdict)}">'
-        f"<h1>gate: {escape(VERDICT_LABELS.get(result.verdict, result.verdict))}</h1>"
-        f'<p class="summary" id="summary">{escape(result.summary)}</p>'
-        f"<p>{escape(verdict_line(result))} · {escape(doctrine_line(result))}"
-        + (f" · {escape(prov)}" if prov else "")
-        + "</p>"
-        + (f'<p class="note">{escape(drift_line(result) or "")}</p>' if result.drift is not None else "")
-        + (f'<p class="note"><b>{escape(not_greedy_line(result) or "")}</b></p>' if result.not_greedy_total else "")
-        + "".join(f'<p class="note">warning: {escape(w)}</p>' for w in result.warnings)
-        + distribution_html(result)
-        + f'</header>\n<section class="cards">{card_html}</section>'
+        f'<header class="verdict v-{escape(result.verdict)}" id="verdict">'
+        f"<h1>{escape(headline(result))}</h1>"
+        f'<p class="reason" id="reason">{escape(because(result))}</p>'
+        f'<p class="summary" id="summary">{escape(result.summary)} · exit {result.exit_code}</p>'
+        f'<div class="tallies">{chips}</div></header>'
+    )
+
+
+def _notices(result: GateResult) -> str:
+    """What the reader must see before the figures: warnings, a sampler that is not greedy,
+    a run drifting beyond the doctrine."""
+    parts = [f'<p class="warn">warning: {escape(w)}</p>' for w in result.warnings]
+    if result.not_greedy_total:
+        parts.append(f'<p class="alarm">{escape(not_greedy_line(result) or "")}</p>')
+    if result.drift is not None and result.drift.beyond:
+        parts.append(f'<p class="alarm">{escape(drift_line(result) or "")}</p>')
+    return f'<section id="notices">{"".join(parts)}</section>' if parts else ""
+
+
+def _distribution_section(result: GateResult) -> str:
+    block = distribution_html(result)
+    if not block:
+        return ""
+    return f'<section id="distribution"><h2>Distribution against the oracle</h2>{block}</section>'
+
+
+def _details(result: GateResult) -> str:
+    """Provenance and the long explanations, folded."""
+    lines = [provenance_line(result), doctrine_line(result), drift_line(result) or "", verdict_line(result)]
+    d = result.distribution
+    if d is not None and d.overall.positions:
+        lines += [distribution_detail_lines(result)[0][0], floor_provenance(d)]
+    body = "".join(f"<p>{escape(line)}</p>" for line in lines if line)
+    return (
+        '<details id="details"><summary>Details: provenance, doctrine, drift, the distribution\'s floor</summary>'
+        f"{body}</details>"
     )
 
 
@@ -389,7 +430,7 @@ def _figure(fig: Any, index: int) -> str:
 
 
 def _plots(result: GateResult) -> str:
-    parts = ['<section id="plots"><h2>Distributions</h2><div class="figs">']
+    parts = ['<section id="plots"><h2>Gaps and figures</h2><div class="figs">']
     bars = _gap_bars(result)
     _, threshold, unit, marker = gap_axis(result)
     if bars:
@@ -526,14 +567,25 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:v
   max-width:1200px;padding:16px 24px;background:#fafbfc}
 h1{margin:0;font-size:26px}h2{margin:28px 0 8px;font-size:19px}h3{margin:0 0 8px;font-size:15px}
 code{font:12.5px ui-monospace,SFMono-Regular,Menlo,monospace}
-.verdict{padding:14px 18px;border-radius:8px;color:#fff}
-.v-strict_pass{background:#1e8a46}.v-ratified_pass{background:#1f6fd1}.v-fail{background:#c0392b}
-.verdict p{margin:4px 0 0}.summary{font:600 15px ui-monospace,Menlo,monospace}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0}
-.card{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:8px 12px;min-width:120px}
-.card b{display:block;font-size:20px}.card small{color:var(--mute)}
+.verdict{padding:16px 20px;border-radius:8px;color:#fff;overflow-wrap:anywhere}
+.v-strict_pass{background:#14663a}.v-ratified_pass{background:#1b5cae}.v-fail{background:#a61b1b}
+.verdict h1{font-size:30px;letter-spacing:.02em}
+.verdict .reason{margin:8px 0 6px;font-size:17px;font-weight:600;line-height:1.4}
+.verdict .summary{margin:0 0 10px;font:14px ui-monospace,Menlo,monospace}
+.tallies{display:flex;flex-wrap:wrap;gap:8px}
+.tally{background:#fff;color:var(--ink);border-radius:6px;padding:4px 10px}
+.tally b{font-size:17px}.tally small{color:#3f4a5a;font-size:13px}
+.warn{background:#fff4d6;border:1px solid #e0b84a;color:#4a3700;border-radius:6px;padding:8px 12px}
+.alarm{background:#fde8e8;border:1px solid #d7263d;color:#6b0f0f;border-radius:6px;padding:8px 12px;font-weight:600}
+#distribution .dverdict{font-weight:700;font-size:15px}
+#distribution .loud{color:#a61b1b}
+#distribution pre{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:8px 12px;overflow-x:auto;
+  font:12.5px ui-monospace,Menlo,monospace;color:var(--ink)}
+details#details{margin:24px 0;background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:8px 12px}
+details#details summary{cursor:pointer;font-weight:600}
+details#details p{color:#3f4a5a;font-size:13px;overflow-wrap:anywhere}
 .swatch{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:6px;vertical-align:-1px}
-.card .swatch:not([class*="o-"]){display:none}
+.tally .swatch:not([class*="o-"]){display:none}
 .o-match{fill:var(--match);background:var(--match)}.o-exact{fill:var(--exact);background:var(--exact);stroke:var(--exact)}
 .o-near{fill:var(--near);background:var(--near);stroke:var(--near)}
 .o-defect{fill:var(--defect);background:var(--defect);stroke:var(--defect)}
@@ -566,6 +618,7 @@ article.o-defect{border-left-color:var(--defect)}article:target{box-shadow:0 0 0
 .kv td{padding:2px 0}.prompt{white-space:pre-wrap;font:12.5px ui-monospace,Menlo,monospace}
 .alts{border-collapse:collapse;margin-top:2px}.alts td,.alts th{padding:1px 10px 1px 0;font-size:12.5px;text-align:left}
 .alts .is-o{font-weight:700}.alts .is-c td{color:#fff}
+.alts .is-c.o-near td,.badge.o-near{color:var(--ink)}
 .rest{border-collapse:collapse;background:#fff;width:100%}.rest td,.rest th{border-bottom:1px solid #eee;
   padding:3px 8px;text-align:left;font-size:12.5px}
 footer{margin:30px 0 10px;color:var(--mute);font-size:12px}
@@ -583,19 +636,11 @@ _JS = """
 })();
 """
 
-_PAGE = """<!doctype html>
+_PAGE_HEAD = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; \
 script-src 'unsafe-inline'; img-src data:">
-<title>{title}</title>
-<style>{css}</style>
-</head>
-<body>
-{body}
-<script>{js}</script>
-</body>
-</html>
 """

@@ -20,7 +20,7 @@ from gate.core.verdict.invariance import (
     InvarianceResult,
 )
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE
-from gate.reports._common import VERDICT_LABELS, fmt_mnats
+from gate.reports._common import VERDICT_LABELS, fmt_mnats, markdown_text
 from gate.text import printable
 
 VERDICT_WORDS = {
@@ -147,11 +147,11 @@ def render_invariance_text(result: InvarianceResult, width: int = 140) -> str:
 
 
 def _md(text: str) -> str:
-    return printable(text).replace("|", "\\|")
+    return markdown_text(text)
 
 
 def render_invariance_markdown(result: InvarianceResult) -> str:
-    out = [f"## gate invariance: {result.verdict}", "", _md(result.summary), ""]
+    out = [f"## gate invariance: {_md(result.verdict)}", "", _md(result.summary), ""]
     out += [f"- {_md(line)}" for line in _head(result).splitlines()]
     out += [
         "",
@@ -161,11 +161,12 @@ def render_invariance_markdown(result: InvarianceResult) -> str:
     for cell in result.cells:
         if not cell.ran:
             reason = _md(cell.reason or "")
-            out.append(f"| {cell.schedule.cell} | {_md(_schedule(cell))} | not run: {reason} | | | | | |")
+            out.append(f"| {_md(cell.schedule.cell)} | {_md(_schedule(cell))} | not run: {reason} | | | | | |")
             continue
         out.append(
-            f"| {cell.schedule.cell} | {_md(_schedule(cell))} | {VERDICT_WORDS[cell.verdict]} | {cell.positions} | "
-            f"{_bitwise(cell)} | {_flips(cell)} | {fmt_mnats(cell.max_abs_delta_mnats)} | {_md(_pin(cell))} |"
+            f"| {_md(cell.schedule.cell)} | {_md(_schedule(cell))} | {VERDICT_WORDS[cell.verdict]} "
+            f"| {cell.positions} | {_bitwise(cell)} | {_flips(cell)} | {fmt_mnats(cell.max_abs_delta_mnats)} "
+            f"| {_md(_pin(cell))} |"
         )
     out += [""] + [f"> note: {_md(n)}" for n in result.notes]
     return "\n".join(out) + "\n"
@@ -232,36 +233,48 @@ def render_invariance_html(result: InvarianceResult) -> str:
         )
     head = "".join(f"<p>{esc(line)}</p>" for line in _head(result).splitlines())
     notes = "".join(f"<p class='note'>note: {esc(printable(n))}</p>" for n in result.notes)
-    return _PAGE.format(
-        title=esc(f"gate invariance: {result.engine} on {result.model}"),
-        summary=esc(printable(result.summary)),
-        verdict=esc(result.verdict),
-        head=head,
-        tiles="".join(tiles),
-        rows="".join(rows),
-        notes=notes,
+    title = esc(f"gate invariance: {result.engine} on {result.model}")
+    # Composed by concatenation of escaped parts: no text from the result is a template.
+    return "".join(
+        [
+            '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>',
+            title,
+            "</title>\n<style>",
+            _CSS,
+            "</style></head><body>\n<h1>",
+            title,
+            "</h1>\n<p><b>",
+            esc(result.verdict),
+            "</b>: ",
+            esc(printable(result.summary)),
+            "</p>\n",
+            head,
+            '\n<div class="grid">',
+            "".join(tiles),
+            "</div>\n",
+            _TABLE_HEAD,
+            "".join(rows),
+            "</table>\n",
+            notes,
+            _LEGEND,
+            "</body></html>\n",
+        ]
     )
 
 
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(11em, 1fr)); gap: .5em; margin: 1em 0; }}
-.tile {{ color: #fff; padding: .6em; border-radius: .3em; display: flex; flex-direction: column; font-size: .9em; }}
-.tile span {{ opacity: .95; }}
-table {{ border-collapse: collapse; font-size: .9em; }}
-td, th {{ border: 1px solid #ccc; padding: .25em .5em; text-align: left; }}
-.note {{ color: #555; }}
-</style></head><body>
-<h1>{title}</h1>
-<p><b>{verdict}</b>: {summary}</p>
-{head}
-<div class="grid">{tiles}</div>
-<table><tr><th>cell</th><th>schedule</th><th>verdict</th><th>positions</th><th>bit-identical</th>
-<th>flips e/n/d</th><th>max |&Delta;| mnats</th><th>against the pin</th></tr>{rows}</table>
-{notes}
-<p class="note">Colour: green bit-identical; amber to red with the cell's largest |&Delta;logprob| (log scale,
-up to the matrix's worst); red: varies (a defect flip, or drift beyond the doctrine); grey: not run.</p>
-</body></html>
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(11em, 1fr)); gap: .5em; margin: 1em 0; }
+.tile { color: #fff; padding: .6em; border-radius: .3em; display: flex; flex-direction: column; font-size: .9em; }
+.tile span { opacity: .95; }
+table { border-collapse: collapse; font-size: .9em; }
+td, th { border: 1px solid #ccc; padding: .25em .5em; text-align: left; }
+.note { color: #555; }
+"""
+
+_TABLE_HEAD = """<table><tr><th>cell</th><th>schedule</th><th>verdict</th><th>positions</th><th>bit-identical</th>
+<th>flips e/n/d</th><th>max |&Delta;| mnats</th><th>against the pin</th></tr>"""
+
+_LEGEND = """<p class="note">Colour: green bit-identical; amber to red with the cell's largest |&Delta;logprob|
+(log scale, up to the matrix's worst); red: varies (a defect flip, or drift beyond the doctrine); grey: not run.</p>
 """

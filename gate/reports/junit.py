@@ -29,6 +29,7 @@ from gate.reports._common import (
     why,
 )
 from gate.reports.distribution import distribution_lines, junit_distribution_case
+from gate.reports.reason import reason
 
 # Characters XML 1.0 cannot hold even escaped (most C0 controls, lone surrogates, U+FFFE/F).
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -37,6 +38,11 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 def xml_text(text: str) -> str:
     """`text` with every character XML cannot carry written as `\\uXXXX`."""
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def xml_comment(text: str) -> str:
+    """`text` fit for an XML comment, which cannot hold `--` (nor end with `-`)."""
+    return " " + xml_text(text).replace("--", "- -").rstrip("-") + " "
 
 
 def describe(d: Divergence, near_tie_mnats: Doctrine | float) -> str:
@@ -68,8 +74,11 @@ def render_junit(result: GateResult) -> str:
         errors="0",
         skipped="0",
     )
+    # The verdict and its reason first, where a person opening the file looks.
+    suites.insert(0, ET.Comment(xml_comment(reason(result))))
     props = ET.SubElement(suite, "properties")
     for key, value in (
+        ("reason", reason(result)),
         ("verdict", result.verdict),
         ("exit_code", str(result.exit_code)),
         ("summary", result.summary),
@@ -113,7 +122,7 @@ def render_junit(result: GateResult) -> str:
                 out.text = xml_text(f"ratified, not strict: {class_counts(divs)}; {counts}\n\n{details}")
     junit_distribution_case(result, suites, suite, classname)
     out = ET.SubElement(suites, "system-out")
-    out.text = xml_text(f"{result.summary}\n{verdict_line(result)}")
+    out.text = xml_text(f"{reason(result)}\n{result.summary}\n{verdict_line(result)}")
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 

@@ -19,17 +19,19 @@ from gate.reports._common import (
     fmt_mnats,
     for_humans,
     gap_label,
+    markdown_code_block,
+    markdown_text,
     not_greedy_line,
     provenance_line,
     source_label,
     token_label,
     verdict_line,
 )
-from gate.reports.distribution import distribution_markdown
+from gate.reports.distribution import distribution_detail_lines, distribution_markdown
 from gate.reports.profile import profile_lines
+from gate.reports.reason import reason
 from gate.reports.routing import flip_line
 from gate.reports.routing import summary_line as routing_line
-from gate.text import printable
 
 VERDICT_ICONS = {STRICT_PASS: "✅", RATIFIED_PASS: "☑️", "fail": "❌"}
 CLASS_ICONS = {EXACT_TIE: "🟦", "near_tie": "🟨", "defect": "🟥"}
@@ -38,64 +40,62 @@ OPEN_ROWS = 25
 
 
 def cell(text: str) -> str:
-    """One table cell: pipes, backticks, HTML, link and image syntax (`[`, `]`, `(`, `)`,
-    `!`) and newlines escaped: a token's text never renders as a live link or image."""
-    out = (
-        printable(text)
-        .replace("\\", "\\\\")
-        .replace("|", "\\|")
-        .replace("[", "\\[")
-        .replace("]", "\\]")
-        .replace("!", "\\!")
-        .replace("`", "\\`")
-        .replace("<", "&lt;")
-        .replace(">", "&gt;")
-        .replace("*", "\\*")
-        .replace("_", "\\_")
-    )
-    return out.replace("\r", "\\r").replace("\n", "\\n")
-
-
-def text_cell(text: str) -> str:
-    """A cell of text that came from a trace (a prompt id, a token's text, a model or
-    engine name): `cell`, with parentheses escaped too, so no part of it can close or open
-    a link's target."""
-    return cell(text).replace("(", "\\(").replace(")", "\\)")
+    """One table cell or sentence of the report: `markdown_text`, the one escaping of every
+    Markdown writer (no live link, image, HTML, mention or reference from any text)."""
+    return markdown_text(text)
 
 
 def render_markdown(result: GateResult) -> str:
+    """The verdict and its reason first, then the divergences, then the figures; provenance
+    and the long explanations folded in a details section."""
     result = for_humans(result)
     verdict = result.verdict
     lines = [
-        f"## {VERDICT_ICONS.get(verdict, '')} gate: {VERDICT_LABELS.get(verdict, verdict)}",
+        f"## {VERDICT_ICONS.get(verdict, '')} gate: {cell(VERDICT_LABELS.get(verdict, verdict))}",
         "",
-        f"**{cell(result.summary)}**",
+        f"**{cell(reason(result))}**",
         "",
-        f"{cell(verdict_line(result))} · {cell(doctrine_line(result))}"
-        + (f" · {text_cell(provenance_line(result))}" if provenance_line(result) else ""),
+        f"**{cell(result.summary)}** · exit {result.exit_code}",
         "",
-        *(f"> ⚠️ warning: {text_cell(w)}\n" for w in result.warnings),
+        *(f"> ⚠️ warning: {cell(w)}\n" for w in result.warnings),
     ]
-    drift = drift_line(result)
-    if drift is not None:
-        lines += [f"**{text_cell(drift)}**" if result.drift and result.drift.beyond else text_cell(drift), ""]
     greedy = not_greedy_line(result)
     if greedy is not None:
-        lines += [f"**{text_cell(greedy)}**", ""]
-    lines += _prompt_table(result)
+        lines += [f"**{cell(greedy)}**", ""]
+    drift = drift_line(result)
+    if drift is not None and result.drift is not None and result.drift.beyond:
+        lines += [f"**{cell(drift)}**", ""]
     if result.divergences:
         lines += _divergence_table(result)
         ties = [d for d in result.divergences if d.cls == EXACT_TIE]
         if ties:
-            lines += ["", f"Exact ties: the logprobs are equal bit for bit; {TIE_BREAK_RULE}."]
-        lines += ["", *(cell(line) + "  " for line in profile_lines(result))]
+            lines += ["", f"Exact ties: the logprobs are equal bit for bit; {cell(TIE_BREAK_RULE)}."]
+        lines.append("")
+    lines += _prompt_table(result)
     lines += distribution_markdown(result, cell)
     if result.routing is not None:
         lines += ["", "### MoE routing", "", f"**{cell(routing_line(result.routing))}**", ""]
         for d in result.divergences:
             if d.routing_flip is not None:
-                lines.append(f"- {text_cell(d.prompt_id)} position {d.position}: {cell(flip_line(d.routing_flip))}")
+                lines.append(f"- {cell(d.prompt_id)} position {d.position}: {cell(flip_line(d.routing_flip))}")
+    lines += _details(result, drift)
     return "\n".join(lines) + "\n"
+
+
+def _details(result: GateResult, drift: str | None) -> list[str]:
+    """Provenance, the doctrine, the run's drift, the divergence profile and the full
+    distribution figures, folded."""
+    prov = provenance_line(result)
+    items = [prov, doctrine_line(result), verdict_line(result)]
+    if drift is not None and not (result.drift is not None and result.drift.beyond):
+        items.append(drift)
+    items += profile_lines(result) if result.divergences else []
+    figures = [line for line, _ in distribution_detail_lines(result)]
+    out = ["", "<details><summary>Details: provenance, doctrine, figures</summary>", ""]
+    out += [f"- {cell(x)}" for x in items if x]
+    if figures:
+        out += ["", *markdown_code_block(figures)]
+    return [*out, "", "</details>"]
 
 
 def _fold(rows: list[str], header: list[str], summary: str) -> list[str]:
@@ -131,7 +131,7 @@ def _prompt_table(result: GateResult) -> list[str]:
         if p.unadjudicated:
             note = f"{note}; {p.unadjudicated} unadjudicated" if note else f"{p.unadjudicated} unadjudicated"
         rows.append(
-            f"| {text_cell(p.id)} | {'yes' if p.strict else 'no'} | {'yes' if p.ratified else '**no**'} "
+            f"| {cell(p.id)} | {'yes' if p.strict else 'no'} | {'yes' if p.ratified else '**no**'} "
             f"| {p.positions_matched}/{p.positions} | {p.first_divergence} | {cell(note) or '—'} |"
         )
     out += _fold(rows, header, f"{len(rows) - OPEN_ROWS} more prompts")
@@ -143,9 +143,9 @@ def _prompt_table(result: GateResult) -> list[str]:
 def _divergence_row(d: Divergence) -> str:
     cls = f"{CLASS_ICONS.get(d.cls, '')} {CLASS_LABELS.get(d.cls, d.cls)}"
     return (
-        f"| {text_cell(d.prompt_id)} | {d.position} | {cell(source_label(d))} | {cls} "
-        f"| {text_cell(token_label(d.oracle_token, d.oracle_text))} "
-        f"| {text_cell(token_label(d.candidate_token, d.candidate_text))} "
+        f"| {cell(d.prompt_id)} | {d.position} | {cell(source_label(d))} | {cls} "
+        f"| {cell(token_label(d.oracle_token, d.oracle_text))} "
+        f"| {cell(token_label(d.candidate_token, d.candidate_text))} "
         f"| {cell(fmt_logprob(d.oracle_logprob))} | {cell(fmt_logprob(d.candidate_logprob))} "
         f"| {cell(gap_label(d))} | {cell(fmt_mnats(d.top2_gap_mnats))} "
         f"| {'—' if d.candidate_rank is None else d.candidate_rank} | {d.tie_break or '—'} | {cell(d.rule or '—')} |"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 
-from rich import box
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -37,8 +36,10 @@ from gate.reports._common import (
     verdict_line,
     why,
 )
-from gate.reports.distribution import DISTRIBUTION_STYLES, distribution_lines
+from gate.reports.distribution import DISTRIBUTION_STYLES, distribution_detail_lines, distribution_summary_lines
+from gate.reports.fit import Cell, Column, fitted_table
 from gate.reports.profile import profile_lines
+from gate.reports.reason import reason
 from gate.reports.routing import flip_line
 from gate.reports.routing import summary_line as routing_line
 
@@ -47,23 +48,29 @@ VERDICT_STYLES = {STRICT_PASS: "bold green", RATIFIED_PASS: "bold cyan", "fail":
 # Past these, the report stays readable: full panels for the first divergences, one table
 # row for each of the rest; strict prompts are counted rather than listed.
 MAX_PANELS = 12
+BRIEF_PANELS = 3  # without --details: the first defects, the rest one table row each
 MAX_PROMPT_ROWS = 40
 TEXT_WIDTH = 100
+DETAILS_HINT = "(provenance, the doctrine, the divergence profile and the full distribution figures: --details)"
 
 
 def print_report(
     result: GateResult,
     console: Console,
     *,
-    max_panels: int = MAX_PANELS,
+    details: bool = False,
+    max_panels: int | None = None,
     max_prompt_rows: int = MAX_PROMPT_ROWS,
 ) -> None:
     result = for_humans(result)
-    for part in report_parts(result, max_panels=max_panels, max_prompt_rows=max_prompt_rows):
+    parts = report_parts(
+        result, width=console.width, details=details, max_panels=max_panels, max_prompt_rows=max_prompt_rows
+    )
+    for part in parts:
         console.print(part)
 
 
-def render_text(result: GateResult, *, width: int = TEXT_WIDTH) -> str:
+def render_text(result: GateResult, *, width: int = TEXT_WIDTH, details: bool = False) -> str:
     """The terminal report as plain text: fixed width, no colour, no terminal codes."""
     buf = io.StringIO()
     console = Console(
@@ -75,32 +82,45 @@ def render_text(result: GateResult, *, width: int = TEXT_WIDTH) -> str:
         emoji=False,
         soft_wrap=False,
     )
-    print_report(result, console)
+    print_report(result, console, details=details)
     return buf.getvalue()
 
 
 def report_parts(
-    result: GateResult, *, max_panels: int = MAX_PANELS, max_prompt_rows: int = MAX_PROMPT_ROWS
+    result: GateResult,
+    *,
+    width: int = TEXT_WIDTH,
+    details: bool = False,
+    max_panels: int | None = None,
+    max_prompt_rows: int = MAX_PROMPT_ROWS,
 ) -> list[RenderableType]:
-    parts: list[RenderableType] = []
-    head = Text(result.run.command if result.run is not None else "gate compare", style="bold")
-    prov = provenance_line(result)
-    if prov:
-        head.append(f"  {prov}", style="dim")
-    parts.append(head)
+    """The verdict and its reason first, then the divergences, then the figures; provenance
+    and the long explanations only with `details`; the summary and verdict lines last."""
+    style = VERDICT_STYLES.get(result.verdict, "bold")
+    parts: list[RenderableType] = [Text(reason(result), style=style)]
     parts.extend(Text(f"warning: {w}", style="bold yellow") for w in result.warnings)
-    parts.append(Text(doctrine_line(result), style="dim"))
-    drift = drift_line(result)
-    if drift is not None:
-        parts.append(Text(drift, style="bold red" if result.drift and result.drift.beyond else "dim"))
     greedy = not_greedy_line(result)
     if greedy is not None:
         parts.append(Text(greedy, style="bold red"))
-    parts.append(prompt_table(result, max_rows=max_prompt_rows))
+    drift = drift_line(result)
+    beyond = result.drift is not None and result.drift.beyond
+    if drift is not None and beyond:
+        parts.append(Text(drift, style="bold red"))
+    if details:
+        head = Text(result.run.command if result.run is not None else "gate compare", style="bold")
+        prov = provenance_line(result)
+        if prov:
+            head.append(f"  {prov}", style="dim")
+        parts += [head, Text(doctrine_line(result), style="dim")]
+        if drift is not None and not beyond:
+            parts.append(Text(drift, style="dim"))
     divs = list(result.divergences)
     if divs:
+        panels = max_panels if max_panels is not None else (MAX_PANELS if details else BRIEF_PANELS)
         prompts = {p.id: p.prompt for p in result.prompts}
-        shown = divs[:max_panels]
+        # defects first: the panels show what failed the run
+        ordered = sorted(divs, key=lambda d: d.cls != DEFECT)
+        shown = ordered[:panels]
         parts.append(
             Text(
                 f"Divergences ({len(divs)}; one panel each for the first {len(shown)})"
@@ -112,13 +132,20 @@ def report_parts(
         for d in shown:
             parts.append(divergence_panel(d, prompts.get(d.prompt_id), result.doctrine))
         if len(divs) > len(shown):
-            parts.append(divergence_table(divs[len(shown) :], title=f"The other {len(divs) - len(shown)} divergences"))
-    parts.extend(Text(line) for line in profile_lines(result))
+            rest = ordered[len(shown) :]
+            parts.append(divergence_table(rest, width=width, title=f"The other {len(rest)} divergences"))
+    parts.append(prompt_table(result, width=width, max_rows=max_prompt_rows, all_prompts=details))
+    if details:
+        parts.extend(Text(line) for line in profile_lines(result))
     if result.routing is not None:
         parts.append(Text(routing_line(result.routing), style="bold magenta"))
-    parts.extend(Text(line, style=DISTRIBUTION_STYLES[kind]) for line, kind in distribution_lines(result))
+    if details:
+        parts.extend(Text(line, style=DISTRIBUTION_STYLES[kind]) for line, kind in distribution_detail_lines(result))
+    parts.extend(Text(line, style=DISTRIBUTION_STYLES[kind]) for line, kind in distribution_summary_lines(result))
+    if not details:
+        parts.append(Text(DETAILS_HINT, style="dim"))
     parts.append(Text(result.summary, style="bold"))
-    parts.append(Text(verdict_line(result), style=VERDICT_STYLES.get(result.verdict, "bold")))
+    parts.append(Text(verdict_line(result), style=style))
     return parts
 
 
@@ -126,41 +153,51 @@ def _mark(ok: bool) -> Text:
     return Text("yes", style="green") if ok else Text("no", style="red")
 
 
-def prompt_table(result: GateResult, *, max_rows: int = MAX_PROMPT_ROWS) -> Table:
+def prompt_table(
+    result: GateResult, *, width: int = TEXT_WIDTH, max_rows: int = MAX_PROMPT_ROWS, all_prompts: bool = True
+) -> Table:
+    """One row per prompt that diverged (every prompt with `all_prompts`, up to `max_rows`);
+    the strict prompts not listed are counted in the caption."""
     groups = by_prompt(result)
     rows = list(result.prompts)
-    hidden = 0
-    if len(rows) > max_rows:
-        # Many prompts: list those that diverged (free run or forced); the rest are only counted.
-        diverged = [p for p in rows if not p.strict or groups.get(p.id)]
-        hidden = len(rows) - min(len(diverged), max_rows)
+    diverged = [p for p in rows if not p.strict or groups.get(p.id)]
+    if not all_prompts or len(rows) > max_rows:
         rows = diverged[:max_rows]
-    table = Table(title="Prompts", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("id", overflow="fold")
-    table.add_column("strict")
-    table.add_column("ratified")
-    table.add_column("positions matched", justify="right")
-    table.add_column("first divergence", justify="right")
-    table.add_column("classified")
+    hidden = len(result.prompts) - len(rows)
+    cells: list[list[Cell]] = []
     for p in rows:
         classified = class_counts(groups.get(p.id, []))
         unadj = f"{p.unadjudicated} unadjudicated" if p.unadjudicated else ""
         note = "; ".join(x for x in (classified, unadj) if x)
-        table.add_row(
-            Text(p.id),
-            _mark(p.strict),
-            _mark(p.ratified),
-            f"{p.positions_matched}/{p.positions}",
-            "—" if p.first_divergence is None else str(p.first_divergence),
-            Text(note or "—", style="red" if not p.ratified else ""),
+        outcome = "strict" if p.strict else ("ratified" if p.ratified else "FAILED")
+        cells.append(
+            [
+                Text(p.id),
+                Text(outcome, style="green" if p.strict else ("cyan" if p.ratified else "bold red")),
+                f"{p.positions_matched}/{p.positions}",
+                "—" if p.first_divergence is None else str(p.first_divergence),
+                Text(note or "—", style="red" if not p.ratified else ""),
+            ]
         )
+    title = "Prompts" if all_prompts and not hidden else f"Prompts that diverged ({len(rows)} of {len(result.prompts)})"
+    table = fitted_table(PROMPT_COLUMNS, cells, width, title=title)
     if hidden:
         table.caption = (
-            f"{hidden} more prompts not listed ({len(result.prompts)} in all; those not listed are strict "
-            "and diverge nowhere)"
+            f"{hidden} more prompt{'s' if hidden != 1 else ''} not listed: strict, diverging nowhere"
+            if len(diverged) <= len(rows)
+            else f"{hidden} more prompts not listed ({len(result.prompts)} in all)"
         )
         table.caption_justify = "left"
     return table
+
+
+PROMPT_COLUMNS = (
+    Column("prompt", shrink=True),
+    Column("result"),
+    Column("matched", justify="right", drop=1),
+    Column("first div.", justify="right", drop=2),
+    Column("classified", shrink=True),
+)
 
 
 def divergence_panel(d: Divergence, prompt: str | None, near_tie_mnats: Doctrine | float) -> Panel:
@@ -234,32 +271,36 @@ def _alternatives(d: Divergence) -> Table:
     return table
 
 
-def divergence_table(divs: list[Divergence], *, title: str = "Divergences") -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, justify in (
-        ("prompt", "left"),
-        ("pos", "right"),
-        ("source", "left"),
-        ("class", "left"),
-        ("oracle", "left"),
-        ("candidate", "left"),
-        ("o − c mnats", "right"),
-        ("top-2 gap", "right"),
-        ("rank", "right"),
-        ("tie-break", "left"),
-    ):
-        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for d in divs:
-        table.add_row(
+DIVERGENCE_COLUMNS = (
+    Column("prompt", shrink=True),
+    Column("pos", justify="right"),
+    Column("class"),
+    Column("rule", drop=3, shrink=True),
+    Column("oracle", shrink=True),
+    Column("candidate", shrink=True),
+    Column("o − c mnats", justify="right"),
+    Column("source", drop=5),
+    Column("top-2 gap", justify="right", drop=4),
+    Column("rank", justify="right", drop=6),
+    Column("tie-break", drop=7),
+)
+
+
+def divergence_table(divs: list[Divergence], *, width: int = TEXT_WIDTH, title: str = "Divergences") -> Table:
+    rows: list[list[Cell]] = [
+        [
             d.prompt_id,
             str(d.position),
-            source_label(d),
             Text(CLASS_LABELS.get(d.cls, d.cls), style=CLASS_STYLES.get(d.cls, "")),
+            d.rule or "—",
             token_label(d.oracle_token, d.oracle_text),
             token_label(d.candidate_token, d.candidate_text),
             gap_label(d),
+            source_label(d),
             fmt_mnats(d.top2_gap_mnats),
             "—" if d.candidate_rank is None else str(d.candidate_rank),
             d.tie_break or "—",
-        )
-    return table
+        ]
+        for d in divs
+    ]
+    return fitted_table(DIVERGENCE_COLUMNS, rows, width, title=title)

@@ -24,11 +24,12 @@ class CompareRequest:
 def compare_traces(request: CompareRequest) -> GateResult:
     o = read_trace(request.oracle, role="oracle")
     c = read_trace(request.candidate, role="candidate")
-    # The doctrine a pin carries in its header travels with it: the same verdict as `gate run`.
+    # The doctrine an oracle trace carries in its header (a pin's does) travels with it: the
+    # same verdict as `gate run`.
     doctrine = resolve_doctrine(
         header_doctrine(o.header.extra, str(request.oracle)),
         request.doctrine.overrides(),
         strict=request.strict,
-        source=f"the pin's ({request.oracle})",
+        source=f"the oracle trace's header ({request.oracle})",
     )
     return attribute_routing(compare(o, c, doctrine), o, c)

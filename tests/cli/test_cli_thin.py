@@ -66,6 +66,7 @@ RUN_ARGS = {
     "--strict": [],
     "--format": ["json"],
     "--output": ["report.json"],
+    "--details": [],
     "--save-trace": ["cand.jsonl"],
     "--candidate-trace": ["given.jsonl"],
     "--pins-dir": ["pins"],
@@ -105,7 +106,7 @@ def test_every_run_option_reaches_the_request(monkeypatch: pytest.MonkeyPatch) -
             timeout=5.0,
             repeat=3,
         ),
-        "report": ReportTarget("json", Path("report.json"), True),
+        "report": ReportTarget("json", Path("report.json"), True, True),
         "timings": True,
     }
 
