@@ -15,7 +15,7 @@ from rich.text import Text
 
 from gate.core.verdict.diff import ReportDiff, ReportDivergence, ReportFigures
 from gate.reports._common import VERDICT_LABELS, fmt_mnats
-from gate.reports.markdown import cell, text_cell
+from gate.reports.markdown import cell
 
 # Rows a Markdown list shows before the rest folds away (a comment fits on a screen).
 OPEN_ROWS = 8
@@ -98,9 +98,9 @@ def render_diff_markdown(diff: ReportDiff) -> str:
         "",
     ]
     if diff.worse:
-        lines += [*(f"- **{text_cell(w)}**" for w in diff.worse), ""]
+        lines += [*(f"- **{cell(w)}**" for w in diff.worse), ""]
     for heading, rows in sections(diff):
-        shown = [f"- {text_cell(r)}" for r in rows]
+        shown = [f"- {cell(r)}" for r in rows]
         if len(shown) > OPEN_ROWS:
             rest = shown[OPEN_ROWS:]
             shown = [
@@ -118,7 +118,7 @@ def render_diff_markdown(diff: ReportDiff) -> str:
         lines += ["| distribution | base | new |", "|---|---|---|"]
         lines += [f"| {f} | {cell(x)} | {cell(y)} |" for f, x, y in figures]
         lines.append("")
-    lines += [f"> {text_cell(note)}" for note in diff.notes]
+    lines += [f"> {cell(note)}" for note in diff.notes]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
