@@ -166,7 +166,7 @@ def test_too_few_positions_say_the_drift_is_not_judged(tmp_path: Path) -> None:
     head, recs = candidate(raise_runner_up(-3.0), forced=False)
     c = dict(recs[0], token_ids=recs[0]["token_ids"][:8], top_logprobs=recs[0]["top_logprobs"][:8])
     c_path = write(tmp_path / "c8.jsonl", head, [c])
-    r = invoke(["compare", str(o_path), str(c_path)])
+    r = invoke(["compare", str(o_path), str(c_path), "--details"])
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
     assert "run drift: not judged (8 < 16 positions)" in text, text
