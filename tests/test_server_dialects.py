@@ -164,3 +164,14 @@ def test_a_string_keyed_top_list_is_kept_only_while_it_can_be_trusted() -> None:
     assert d._top_list({"x": -0.1}, 9, -0.5, 4, "p", 0) == [[9, -0.5]]
     with pytest.raises(EngineError, match="not a finite number"):
         d._top_list({"x": -0.1}, 9, float("nan"), 4, "p", 0)
+
+
+def test_a_string_keyed_list_whose_chosen_entry_contradicts_token_logprobs_keeps_only_the_chosen() -> None:
+    # The chosen token's string carries another id's value (ids that share a string): the
+    # list is cut to the chosen token (shorter than asked, so not judged), never kept whole.
+    d = _Vocab({"a": 5, "b": 3, "c": 9, "d": 1})
+    assert d._top_list({"a": -0.3, "b": -2.0, "c": -3.0, "d": -4.0}, 5, -0.1, 4, "p", 0) == [[5, -0.1]]
+    # Two strings that map to one id: refused, as a JSON key named twice is.
+    d2 = _Vocab({"a": 5, "a ": 5, "c": 9, "d": 1})
+    with pytest.raises(EngineError, match="position 0: token 5 is named twice"):
+        d2._top_list({"a": -0.1, "a ": -0.2, "c": -3.0, "d": -4.0}, 5, -0.1, 4, "p", 0)

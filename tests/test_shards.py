@@ -282,16 +282,17 @@ def test_gate_merge_then_compare_equals_the_unsharded_run(tmp_path: Path, shard_
 
 def test_gate_merge_refuses_to_overwrite_without_force(tmp_path: Path, shard_files: list[Path]) -> None:
     out = tmp_path / "merged.jsonl"
-    out.write_bytes(b"precious")
+    precious = shard_files[0].read_bytes()  # a trace: the kind merge writes
+    out.write_bytes(precious)
     code, err = gate(["merge", *map(str, shard_files), "-o", str(out)])
     assert code == 2, err
     assert "already exists; pass --force" in err
-    assert out.read_bytes() == b"precious"
+    assert out.read_bytes() == precious
 
     code, err = gate(["merge", *map(str, shard_files), "-o", str(out), "--force"])
     assert code == 0, err
     kept = list(tmp_path.glob("merged.jsonl.bak-*"))
-    assert len(kept) == 1 and kept[0].read_bytes() == b"precious"
+    assert len(kept) == 1 and kept[0].read_bytes() == precious
     assert f"kept as {kept[0]}" in err
     assert len(read_trace(out).records) == len(IDS)
 

@@ -19,17 +19,19 @@ if TYPE_CHECKING:
 
 def calibrate_command(*, request: CalibrateRequest, report: options.ReportTarget) -> int:
     from gate.cli.common import progress_display
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
+    from gate.core.storage.atomic import TRACE
     from gate.reports import check_format
     from gate.workflows.calibrate import calibrate_request
 
     fmt = check_format("Calibration", report.fmt)
     request.engine.options()
+    pinned = pin_inputs(request.pin_model(), request.pins_dir) if request.oracle is None else ()
     refuse_overwrite(
         report.force,
         (report.output, "--output"),
-        (request.save_trace, "--save-trace"),
-        inputs=(request.oracle, request.candidate),
+        (request.save_trace, "--save-trace", TRACE),
+        inputs=(request.oracle, request.candidate, *pinned),
     )
     cal = calibrate_request(request, say=say, display=progress_display)
     emit(cal, fmt, report.output, force=report.force, engine_ran=request.oracle is None)

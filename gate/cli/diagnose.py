@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 
 def run_diagnose(*, request: DiagnoseRequest, report: options.ReportTarget) -> int:
     from gate.cli.common import progress_display
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.reports import check_format
     from gate.workflows.diagnose_request import diagnose_request
 
     fmt = check_format("Diagnosis", report.fmt)
-    refuse_overwrite(report.force, (report.output, "--output"))
+    refuse_overwrite(
+        report.force, (report.output, "--output"), inputs=pin_inputs(request.pin_model(), request.pins_dir)
+    )
     diagnosis = diagnose_request(request, say=say, display=progress_display)
     if diagnosis is None:
         return 0
@@ -44,10 +46,21 @@ def diagnose_hint(
     pins_dir: Path | None = None,
 ) -> str | None:
     """The `gate diagnose` command for a failed result's first defect (else first divergence),
-    with the run's own model, engine, options, weights and pins."""
+    with the run's own model, engine, options, weights and pins; None where there is none, or
+    where that command could not run: gate diagnose captures only some engines, and a hint
+    whose command exits 2 is no help."""
     from gate.core.verdict.result import DEFECT, FAIL
+    from gate.engines.registry import resolve
+    from gate.errors import GateError
+    from gate.workflows.diagnose import capture_kind
 
     if result.verdict != FAIL or not result.divergences:
+        return None
+    try:
+        capturable = capture_kind(resolve(engine)) is not None
+    except GateError:
+        capturable = False
+    if not capturable:
         return None
     order = {p.id: i for i, p in enumerate(result.prompts)}
     d = min(result.divergences, key=lambda x: (x.cls != DEFECT, order.get(x.prompt_id, 1 << 30), x.position))

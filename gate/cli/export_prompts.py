@@ -12,10 +12,13 @@ from gate.text import plural
 
 
 def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | None, force: bool) -> int:
-    from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
+    from gate.cli.output import pin_inputs, refuse_overwrite, say, to_stdout, write_data
+    from gate.core.storage.atomic import SUITE
     from gate.workflows.export_prompts import export_prompts as export
+    from gate.workflows.requests import default_model
 
-    refuse_overwrite(force, (output, "--output"))
+    # A list of prompts: never over the pin it reads, nor over any file of another kind.
+    refuse_overwrite(force, (output, "--output", SUITE), inputs=pin_inputs(model or default_model(), pins_dir))
     exported = export(model, pins_dir)
     write_data(exported.lines, output, force=force)
     if not to_stdout(output):

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 def record_goldens(*, request: GoldensRequest) -> int:
     from gate.cli.common import progress_display
-    from gate.cli.output import refuse_overwrite, say
+    from gate.cli.output import pin_inputs, refuse_overwrite, say
+    from gate.core.storage.atomic import GOLDEN
     from gate.workflows.goldens_request import golden_target
     from gate.workflows.goldens_request import record_goldens as record
 
@@ -30,7 +31,8 @@ def record_goldens(*, request: GoldensRequest) -> int:
     # Refused before the model loads (minutes on a large one).
     refuse_overwrite(
         request.force,
-        (target.path, ""),
+        (target.path, "", GOLDEN),
+        inputs=pin_inputs(target.pin.model, request.pins_dir),
         message="{path}: a golden exists; pass --force (or --accept) to re-record it "
         "(the old one is kept as a backup, and what moved is shown)",
     )
@@ -40,14 +42,18 @@ def record_goldens(*, request: GoldensRequest) -> int:
 
 def check_goldens(*, request: GoldensRequest, report: options.ReportTarget) -> int:
     from gate.cli.common import progress_display
-    from gate.cli.output import emit, refuse_overwrite
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite
     from gate.errors import GateError
     from gate.reports import check_format
     from gate.workflows.goldens_request import accept_moves
     from gate.workflows.goldens_request import check_goldens as check
 
     fmt = check_format("GoldensResult", report.fmt)
-    refuse_overwrite(report.force, (report.output, "--output"), inputs=(request.golden,))
+    refuse_overwrite(
+        report.force,
+        (report.output, "--output"),
+        inputs=(request.golden, *pin_inputs(request.pin_model(), request.pins_dir)),
+    )
     checked = check(request, display=progress_display)
     result = checked.result
     if request.accept and result.moves:

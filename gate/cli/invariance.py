@@ -18,13 +18,15 @@ if TYPE_CHECKING:
 
 def invariance_command(*, request: InvarianceRequest, report: options.ReportTarget) -> int:
     from gate.cli.common import progress_display
-    from gate.cli.output import emit, refuse_overwrite
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite
     from gate.reports import check_format
     from gate.workflows.invariance_request import invariance_request
 
     fmt = check_format("InvarianceResult", report.fmt)
     request.plan()
-    refuse_overwrite(report.force, (report.output, "--output"))
+    refuse_overwrite(
+        report.force, (report.output, "--output"), inputs=pin_inputs(request.pin_model(), request.pins_dir)
+    )
     result = invariance_request(request, display=progress_display)
     emit(result, fmt, report.output, force=report.force, engine_ran=True)
     return result.exit_code

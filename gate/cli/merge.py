@@ -17,14 +17,17 @@ if TYPE_CHECKING:
 
 def merge_files(*, request: MergeRequest, output: Path, force: bool) -> int:
     from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
+    from gate.core.storage.atomic import GOLDEN, PIN, TRACE, file_kind
     from gate.core.traces.trace import encode_trace
     from gate.workflows.merge import merge_shards
 
     request.check()
     # Refuse to clobber before reading what may be gigabytes of shards.
+    # The merged file is of its shards' kind (an oracle's shards merge into an oracle trace).
+    first = file_kind(request.shards[0]) if request.shards else None
     refuse_overwrite(
         force,
-        (output, "--output"),
+        (output, "--output", first if first in (PIN, GOLDEN) else TRACE),
         message="{flag}{path}: already exists; pass --force to replace it (a backup is kept)",
         inputs=(*request.shards, request.expect_ids_from),
     )

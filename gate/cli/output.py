@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gate.core.storage.atomic import atomic_write, same_file
+from gate.core.storage.atomic import REPORT, atomic_write, check_target, same_file
 from gate.errors import InputError
 
 STDOUT = Path("-")
@@ -39,32 +39,40 @@ def say(*lines: str) -> None:
         print(line, file=sys.stderr)
 
 
+Target = tuple[Path | None, str] | tuple[Path | None, str, str]
+
+
 def refuse_overwrite(
     force: bool,
-    *targets: tuple[Path | None, str],
+    *targets: Target,
     message: str = "{flag}{path}: already exists; pass --force to replace it",
     error: type[InputError] = InputError,
     inputs: Sequence[Path | None] = (),
 ) -> None:
     """Refuse, before any work, to replace a file the command would write (unless --force),
-    and, --force or not, to write over one of the command's `inputs` or to send two outputs
-    to one file (by file identity: a symlink or a hard link to an input is that input).
+    and, --force or not, to write over one of the command's `inputs`, over a file of another
+    kind than it writes, or to send two outputs to one file (`check_target`, by file
+    identity: a symlink or a hard link to an input is that input).
 
-    `targets` are (path, flag) pairs; `message` may name `{flag}` and `{path}`."""
+    `targets` are (path, flag) pairs, or (path, flag, kind) where the file is not a report
+    (`gate.core.storage.atomic`'s kinds); `message` may name `{flag}` and `{path}`."""
     refuse_input_as_output(targets, inputs)
-    if force:
-        return
-    for path, flag in targets:
-        appended = flag == "--output" and is_step_summary(path)  # the job summary: appended to, not replaced
-        if path is not None and not to_stdout(path) and path.exists() and not appended:
-            raise error(message.format(flag=f"{flag} " if flag else "", path=path))
+    for target in targets:
+        path, flag = target[0], target[1]
+        kind = target[2] if len(target) > 2 else REPORT
+        if path is None or to_stdout(path):
+            continue
+        if flag == "--output" and is_step_summary(path):
+            continue  # the job summary: appended to, not replaced
+        check_target(path, kind, force=force, flag=flag, message=message, error=error)
 
 
-def refuse_input_as_output(targets: Sequence[tuple[Path | None, str]], inputs: Sequence[Path | None]) -> None:
+def refuse_input_as_output(targets: Sequence[Target], inputs: Sequence[Path | None]) -> None:
     """An output that is one of the inputs (or another output) is refused, exit 2, before
     anything is read or written: `gate compare O C -o O --force` must never replace O."""
-    outputs = [(p, flag) for p, flag in targets if p is not None and not to_stdout(p)]
+    outputs = [(t[0], t[1]) for t in targets if t[0] is not None and not to_stdout(t[0])]
     for n, (path, flag) in enumerate(outputs):
+        assert path is not None
         name = f"{flag} {path}" if flag else str(path)
         hit = same_file(path, [i for i in inputs if i is not None and not to_stdout(i)])
         if hit is not None:

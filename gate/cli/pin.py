@@ -20,13 +20,15 @@ if TYPE_CHECKING:
 
 def record_pin(*, request: PinRecordRequest) -> int:
     from gate.cli.output import refuse_overwrite, say
+    from gate.core.storage.atomic import PIN
     from gate.errors import PinError
     from gate.workflows.pin_record import record_pin as record
 
     # Everything that can be refused is refused before the oracle loads (minutes on a GPU).
     refuse_overwrite(
         request.force,
-        (request.folder().pin_path, ""),
+        (request.folder().pin_path, "", PIN),
+        inputs=(request.prompts,),
         message="{path} exists; pass --force to re-record it "
         "(the old pin is kept as a backup, and what moved is shown)",
         error=PinError,

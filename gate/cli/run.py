@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 def run_gate(*, request: RunRequest, report: options.ReportTarget, timings: bool = False) -> int:
     from gate.cli.common import progress_display
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
+    from gate.core.storage.atomic import TRACE
     from gate.reports import check_format
     from gate.workflows.run import RunInterrupted
     from gate.workflows.run_request import run_gate as run
@@ -29,7 +30,7 @@ def run_gate(*, request: RunRequest, report: options.ReportTarget, timings: bool
     # Refuse to clobber before spending minutes on a model.
     refuse_overwrite(
         report.force,
-        (request.save_trace, "--save-trace"),
+        (request.save_trace, "--save-trace", TRACE),
         (report.output, "--output"),
         inputs=(request.candidate_trace, request.progress_file, *pin_inputs(request.pin_model(), request.pins_dir)),
     )

@@ -16,12 +16,14 @@ if TYPE_CHECKING:
 
 def selftest_command(*, request: SelftestRequest, report: options.ReportTarget) -> int:
     from gate.cli.common import progress_display
-    from gate.cli.output import emit, refuse_overwrite, say
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.reports import check_format
     from gate.workflows.selftest import selftest_request
 
     fmt = check_format("SelfTestResult", report.fmt)
-    refuse_overwrite(report.force, (report.output, "--output"))
+    refuse_overwrite(
+        report.force, (report.output, "--output"), inputs=pin_inputs(request.pin_model(), request.pins_dir)
+    )
     result = selftest_request(request, say=say, display=progress_display)
     emit(result, fmt, report.output, force=report.force, engine_ran=True)
     return result.exit_code

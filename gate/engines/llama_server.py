@@ -49,7 +49,7 @@ from gate.core.storage.files import file_sha256
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_prompt_ids, greedy_record, locate_gguf
 from gate.engines.llama_server_process import LlamaServerProcess, find_binary
-from gate.engines.openai_http import HttpClient
+from gate.engines.openai_http import HttpClient, logprobs_agree
 from gate.engines.server import HTTP_OPTIONS, BoundedPool, ServerEngine, check_http_options, connect
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, default_model_dir, read_manifest
@@ -182,7 +182,8 @@ class LlamaServerDialect:
             "stop": [],
             "seed": 0,
         }
-        obj = self.http.call("POST", "/completion", orjson.dumps(body), self.retries, root=True)
+        about = f" (prompt {prompt_id!r})" if prompt_id is not None else ""
+        obj = self.http.call("POST", "/completion", orjson.dumps(body), self.retries, root=True, about=about)
         if not isinstance(obj, dict):
             self._fail(prompt_id, "the answer is not a JSON object")
         if "error" in obj and "tokens" not in obj:
@@ -235,14 +236,29 @@ class LlamaServerDialect:
         if not isinstance(listed, list):
             self._fail(prompt_id, f"position {position}: no top_logprobs list (n_probs)")
         pairs: dict[int, float] = {}
-        for item in [*listed, entry]:
+        for n, item in enumerate([*listed, entry]):
             tid: Any = item.get("id") if isinstance(item, dict) else None
             lp: Any = item.get("logprob") if isinstance(item, dict) else None
             if type(tid) is not int or tid < 0:
                 self._fail(prompt_id, f"position {position}: a top_logprobs entry has no token id")
             if type(lp) not in (int, float) or not math.isfinite(lp) or lp > 0:
                 self._fail(prompt_id, f"position {position}: logprob {lp!r} is not a finite number <= 0")
-            pairs.setdefault(tid, float(lp))
+            if tid not in pairs:
+                pairs[tid] = float(lp)
+            elif n < len(listed):
+                self._fail(prompt_id, f"position {position}: token {tid} is named twice in top_logprobs")
+            elif not logprobs_agree(pairs[tid], float(lp)):
+                self._fail(
+                    prompt_id,
+                    f"position {position}: the chosen token {tid} has logprob {lp!r}, its top_logprobs entry "
+                    f"{pairs[tid]!r}; the answer contradicts itself",
+                )
+        if len(listed) < top_k:
+            self._fail(
+                prompt_id,
+                f"position {position}: {len(listed)} top_logprobs entries where {top_k} were asked (n_probs); "
+                "a shortened list cannot be judged",
+            )
         # The trace's order: logprob descending, then token id ascending (torch.argmax's
         # preference among equal values); the server's own order among ties is a partial sort's.
         ordered = sorted(pairs.items(), key=lambda p: (-p[1], p[0]))
@@ -259,7 +275,8 @@ class LlamaServerDialect:
 class LlamaServerEngine(ServerEngine):
     """A GGUF served by llama.cpp's llama-server; see the module doc for the options:
     base_url, binary, model_path, threads, threads_batch, n_ctx, n_batch, n_ubatch,
-    concurrency, forced (decode | none), timeout, retries, backoff, api_key_env, startup_timeout."""
+    concurrency, forced (decode | none), timeout (per whole response), retries, backoff, api_key_env,
+    max_response_bytes (default 16 MiB), startup_timeout."""
 
     name = "llama-server"
     schedule_knobs: ClassVar[Mapping[str, str]] = {

@@ -26,17 +26,17 @@ and every message gate builds from a server's answer is scrubbed of it.
 from __future__ import annotations
 
 import json
-import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, NoReturn
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import orjson
 
 from gate import __version__
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
-from gate.engines.openai_http import ServerError, error_text, quote
+from gate.engines.openai_answers import TokenIdAnswers, keep_top, prompt_logprob_rows
+from gate.engines.openai_http import DEFAULT_MAX_RESPONSE_BYTES, ServerError
 from gate.engines.openai_text import TextCompletionsDialect, local_decoder, stop_ids
 from gate.engines.server import BoundedPool, check_http_options, connect
 from gate.errors import EngineError, InputError
@@ -50,7 +50,6 @@ DEFAULT_MAX_LOGPROBS = 20
 _OWNED_KEYS = frozenset(
     {"model", "prompt", "max_tokens", "temperature", "logprobs", "echo", "n", "stream", "return_tokens_as_token_ids"}
 )
-_TOKEN_KEY = re.compile(r"token_id:(\d+)\Z")
 
 SCHEMA: dict[str, tuple[type, Any]] = {
     "base_url": (str, None),
@@ -66,17 +65,19 @@ SCHEMA: dict[str, tuple[type, Any]] = {
     "prompt": (str, "ids"),
     "tokenize_path": (str, "/extras/tokenize"),
     "stop_token_ids": (str, None),
+    "max_response_bytes": (int, DEFAULT_MAX_RESPONSE_BYTES),
 }
 
 
-class OpenAIEngine:
+class OpenAIEngine(TokenIdAnswers):
     """A candidate engine behind an OpenAI-compatible HTTP server.
 
     Options (`--engine-opt key=value`):
       base_url      the server, e.g. http://127.0.0.1:8000 or .../v1 (required)
       model         the served model name (default: the gate model id)
       api_key_env   name of the environment variable that holds the API key
-      timeout       seconds to wait for one response (default 120)
+      timeout       seconds for one whole response, request to last byte (default 120)
+      max_response_bytes  the largest response body read (default 16 MiB); a larger one is refused
       concurrency   requests in flight at once (default 4)
       retries       further attempts after a 429, 5xx, timeout or dropped connection (default 3)
       backoff       first backoff in seconds; doubles per attempt, with jitter (default 0.5)
@@ -127,6 +128,8 @@ class OpenAIEngine:
             self.name, opts["base_url"], opts, _hints(self.api_key_env, self.served_model)
         )
         self._server_models: list[str] | None = None
+        self._lock = threading.Lock()
+        self._answered: set[str] = set()
         self._pool = BoundedPool(self.concurrency, "gate-openai")
         self.text: TextCompletionsDialect | None = None
         if self.prompt_mode == "text":
@@ -232,14 +235,12 @@ class OpenAIEngine:
         body.update(self._sampling_extras())
         return orjson.dumps(body)
 
-    def _logprobs_for(self, top_k: int) -> int:
-        # At least 1: the chosen tokens come back as "token_id:N" only alongside logprobs.
-        return max(1, min(top_k, self.max_logprobs))
-
     def _generate_one(self, prompt: PromptInput, top_k: int) -> PromptRecord:
         where = f"{self.endpoint.display}/completions"
         body = self._body(prompt.prompt_token_ids, prompt.max_tokens, self._logprobs_for(top_k))
-        choice = self._choice(self._post("/completions", body), where, prompt.id)
+        answer = self._post("/completions", body, about=f" (prompt {prompt.id!r})")
+        self._note_model(answer)
+        choice = self._choice(answer, where, prompt.id)
         lp = choice.get("logprobs")
         if not isinstance(lp, dict):
             self._fail(where, prompt.id, "the response has no logprobs (the server ignored `logprobs`)")
@@ -295,13 +296,14 @@ class OpenAIEngine:
             if isinstance(exc, ServerError) and exc.status == 400:
                 raise ForcedDecodeUnavailable(f"{exc} (echo with logprobs refused: no prefill forced data)") from None
             raise
+        self._note_model(obj)
         choice = self._choice(obj, where, None)
         start = len(prompt_ids)
         # The standard echo answer first (its echoed ids prove the prompt was not
         # re-tokenised); vLLM's own prompt_logprobs field carries the same numbers.
         rows = self._echo_rows(choice, sent, where)
         if rows is None:
-            rows = _prompt_logprob_rows(choice, len(sent))
+            rows = prompt_logprob_rows(choice, len(sent))
         if rows is None:
             raise ForcedDecodeUnavailable(
                 f"{where}: the server returned no prompt logprobs for echo=true with logprobs; "
@@ -313,112 +315,42 @@ class OpenAIEngine:
             row = rows[start + i]
             if not row:
                 raise ForcedDecodeUnavailable(f"{where}: no prompt logprobs at prompt position {start + i}")
-            pairs = self._sorted_pairs(row.items(), where, None, start + i)
+            pairs = self._sorted_pairs(row.items() if isinstance(row, dict) else row, where, None, start + i)
+            self._check_count(len(pairs), top_k, where, None, start + i)
             greedy.append(pairs[0][0])  # torch.argmax order: highest logprob, then lowest id
-            lists.append(_keep_top(pairs, oracle_token, top_k))
+            lists.append(keep_top(pairs, oracle_token, top_k))
         return ForcedDecode(token_ids=tuple(greedy), top_logprobs=lists if top_k > 0 else None, mode="prefill")
-
-    def _echo_rows(
-        self, choice: Mapping[str, Any], sent: Sequence[int], where: str
-    ) -> list[dict[Any, Any] | None] | None:
-        """Prompt logprobs from the standard `echo` answer (the prompt's tokens come first), or None."""
-        lp = choice.get("logprobs")
-        tokens = lp.get("tokens") if isinstance(lp, dict) else None
-        tops = lp.get("top_logprobs") if isinstance(lp, dict) else None
-        if (
-            not isinstance(tokens, list)
-            or not isinstance(tops, list)
-            or len(tokens) < len(sent)
-            or len(tops) < len(sent)
-        ):
-            return None
-        echoed = [self._token_id(t, where, None, f"tokens[{i}]") for i, t in enumerate(tokens[: len(sent)])]
-        if echoed != list(sent):
-            j = next(i for i, (a, b) in enumerate(zip(echoed, sent, strict=True)) if a != b)
-            raise EngineError(
-                f"{where}: the echoed prompt differs from the one sent at index {j} "
-                f"(sent {sent[j]}, echoed {echoed[j]}): the server re-tokenised the prompt"
-            )
-        rows: list[dict[Any, Any] | None] = []
-        for i, top in enumerate(tops[: len(sent)]):
-            if top is None:
-                rows.append(None)
-            elif isinstance(top, dict):
-                rows.append({self._token_id(key, where, None, f"top_logprobs[{i}]"): v for key, v in top.items()})
-            else:
-                self._fail(where, None, f"logprobs.top_logprobs[{i}] is not an object")
-        return rows
-
-    # ----------------------------------------------------------------- parsing
-
-    def _choice(self, obj: Any, where: str, prompt_id: str | None) -> dict[str, Any]:
-        if isinstance(obj, dict) and isinstance(obj.get("error"), (dict, str)) and "choices" not in obj:
-            self._fail(where, prompt_id, f"the server answered with an error: {error_text(obj)}")
-        choices = obj.get("choices") if isinstance(obj, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            self._fail(where, prompt_id, "the response has no choices[0] object")
-        return choices[0]
-
-    def _token_id(self, value: Any, where: str, prompt_id: str | None, fld: str) -> int:
-        if type(value) is int and value >= 0:
-            return value
-        if isinstance(value, str):
-            m = _TOKEN_KEY.match(value)
-            if m:
-                return int(m.group(1))
-        self._fail(
-            where,
-            prompt_id,
-            f"logprobs.{fld} is {quote(repr(value), 60)}, not 'token_id:N': the server does not honour "
-            "return_tokens_as_token_ids, and tokens keyed by decoded text collide for distinct ids, so gate "
-            "cannot recover token ids from this server (vLLM supports the flag; see the README)",
-        )
-
-    def _sorted_pairs(
-        self, items: Iterable[tuple[Any, Any]], where: str, prompt_id: str | None, position: int
-    ) -> list[tuple[int, float]]:
-        pairs: dict[int, float] = {}
-        for key, value in items:
-            tid = key if type(key) is int else self._token_key(key, where, prompt_id, position)
-            lp = value.get("logprob") if isinstance(value, dict) else value
-            pairs[tid] = self._logprob(lp, where, prompt_id, position)
-        # Sorted as the spec's lists are: logprob descending, then token id ascending.
-        return sorted(pairs.items(), key=lambda p: (-p[1], p[0]))
-
-    def _token_key(self, key: Any, where: str, prompt_id: str | None, position: int) -> int:
-        # vLLM's own prompt_logprobs are keyed by the id as a decimal string.
-        if isinstance(key, str) and key.isdigit():
-            return int(key)
-        return self._token_id(key, where, prompt_id, f"top_logprobs[{position}]")
-
-    def _logprob(self, value: Any, where: str, prompt_id: str | None, position: int) -> float:
-        if type(value) not in (int, float) or not math.isfinite(value) or value > 0:
-            self._fail(where, prompt_id, f"position {position}: logprob {value!r} is not a finite number <= 0")
-        return float(value)
-
-    def _top_list(
-        self, top: Any, chosen: int, chosen_lp: Any, top_k: int, where: str, prompt_id: str, position: int
-    ) -> list[list[Any]]:
-        if not isinstance(top, dict):
-            self._fail(where, prompt_id, f"logprobs.top_logprobs[{position}] is not an object")
-        pairs = dict(self._sorted_pairs(top.items(), where, prompt_id, position))
-        if chosen not in pairs:
-            # Some servers list only the top k; the chosen token's own logprob is beside them.
-            pairs[chosen] = self._logprob(chosen_lp, where, prompt_id, position)
-        ordered = sorted(pairs.items(), key=lambda p: (-p[1], p[0]))
-        return _keep_top(ordered, chosen, top_k)
-
-    def _fail(self, where: str, prompt_id: str | None, problem: str) -> NoReturn:
-        about = f" (prompt {prompt_id!r})" if prompt_id is not None else ""
-        raise EngineError(self._scrub(f"{where}{about}: {problem}"))
-
-    def _scrub(self, text: str) -> str:
-        return self._http.scrub(text)
 
     # ----------------------------------------------------------------- requests
 
-    def _post(self, path: str, body: bytes) -> Any:
-        return self._http.call("POST", path, body, self.retries)
+    def _post(self, path: str, body: bytes, about: str = "") -> Any:
+        return self._http.call("POST", path, body, self.retries, about=about)
+
+    def _note_model(self, obj: Any) -> None:
+        name = obj.get("model") if isinstance(obj, dict) else None
+        if isinstance(name, str):
+            with self._lock:
+                self._answered.add(name)
+
+    def late_info(self) -> dict[str, Any]:
+        """Provenance only the answers show, for the trace header after the run: the model
+        names the server answered as, and a warning where any is not the one asked for (a
+        server that serves another model than asked is visible in the report data; vLLM
+        answers a second --served-model-name alias with its first, so it is not refused)."""
+        with self._lock:
+            names = set(self._answered)
+        if self.text is not None:
+            names |= self.text.answered_models()
+        if not names:
+            return {}
+        out: dict[str, Any] = {"answered_models": sorted(names)}
+        other = sorted(names - {self.served_model})
+        if other:
+            out["warnings"] = [
+                f"{self.endpoint.display}: the server answered as model {', '.join(map(repr, other))}, "
+                f"not {self.served_model!r} as asked"
+            ]
+        return out
 
     def _list_models(self) -> list[str]:
         try:
@@ -429,24 +361,6 @@ class OpenAIEngine:
         if not isinstance(data, list):
             return []
         return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
-
-
-def _prompt_logprob_rows(choice: Mapping[str, Any], n: int) -> list[dict[Any, Any] | None] | None:
-    """vLLM's own `prompt_logprobs` (ids as keys, {"logprob", "rank", ...} as values), if sent."""
-    rows = choice.get("prompt_logprobs")
-    if not isinstance(rows, list) or len(rows) < n:
-        return None
-    if not all(r is None or isinstance(r, dict) for r in rows):
-        return None
-    return rows
-
-
-def _keep_top(pairs: Sequence[tuple[int, float]], chosen: int, top_k: int) -> list[list[Any]]:
-    """The first `top_k` pairs, plus `chosen` (after them, in order) when it falls outside."""
-    kept = [[t, lp] for t, lp in pairs[: max(top_k, 1)]]
-    if all(t != chosen for t, _ in kept):
-        kept.extend([t, lp] for t, lp in pairs if t == chosen)
-    return kept
 
 
 def _parse_extra_body(raw: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ The protocol mapping (completions, logprobs, the forced decode) is the engines' 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
@@ -35,6 +36,18 @@ MAX_BACKOFF_S = 30.0
 NO_RETRY_5XX = frozenset({501, 505})
 # Bodies quoted in error messages are cut to this many characters.
 QUOTE_CHARS = 300
+# The largest response body read before it is parsed (`--engine-opt max_response_bytes`).
+# An honest answer is far smaller: 1,000 positions x 21 logprob entries is about 1 MB even
+# in llama-server's verbose shape. The cap is what a hostile or broken server can cost per
+# request in flight (parsing takes a few times the bytes), so four in flight stay in the
+# hundreds of MB, never GBs.
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+# How far a token's `token_logprobs` value may sit from its own `top_logprobs` entry.
+LOGPROB_AGREEMENT = 1e-6
+# Bodies are read in chunks of this size, so the cap is checked as the bytes arrive.
+_READ_CHUNK = 64 * 1024
+# A JSON string in raw bytes (escapes included), for counting the colons outside strings.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # A 5xx whose error text says the input is invalid is the request's fault, not the server's
 # trouble: llama-cpp-python's server answers a body its schema refuses with HTTP 500 and the
 # validation message ("Input should be a valid string"). Retrying cannot change that answer.
@@ -52,6 +65,10 @@ class ServerError(EngineError):
         super().__init__(message)
         self.status = status
         self.invalid = invalid
+
+
+class _TooLarge(Exception):
+    """A response body past the cap (the bytes read so far are dropped)."""
 
 
 class _Retryable(Exception):
@@ -112,11 +129,24 @@ def parse_base_url(raw: str) -> Endpoint:
 
 
 class Transport:
-    """Blocking JSON over HTTP with one keep-alive connection per thread."""
+    """Blocking JSON over HTTP with one keep-alive connection per thread.
 
-    def __init__(self, endpoint: Endpoint, timeout: float, headers: Mapping[str, str]) -> None:
+    `timeout` is a deadline for the whole response (from sending the request to the last
+    byte of the body), not for each socket read: a server that trickles its answer a byte
+    at a time must not hold a worker forever. A timer shuts the socket down at the
+    deadline, which wakes any read blocked on it. `max_bytes` caps the body, checked as
+    its chunks arrive (and against Content-Length before any is read)."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        timeout: float,
+        headers: Mapping[str, str],
+        max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self.max_bytes = max_bytes
         self.headers = dict(headers)
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -154,13 +184,21 @@ class Transport:
             headers["Content-Type"] = "application/json"
         while True:
             conn, reused = self._connection()
+            expired = threading.Event()
+            timer = threading.Timer(self.timeout, _expire, (conn, expired))
+            timer.daemon = True
+            timer.start()
             try:
                 prefix = self.endpoint.root if root else self.endpoint.prefix
                 conn.request(method, prefix + path, body=body, headers=headers)
                 resp = conn.getresponse()
-                data = resp.read()
+                data = self._read_body(resp)
+                if expired.is_set():  # the shutdown ended the body early: it is not whole
+                    raise TimeoutError
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self._drop(conn)
+                if expired.is_set():
+                    raise TimeoutError(f"no complete response within {self.timeout:g} s") from None
                 # Most likely a kept-alive connection the server closed while idle: one more
                 # try on a fresh connection is not counted as a retry (greedy requests are
                 # idempotent, so a request that did arrive may safely be sent again).
@@ -169,16 +207,46 @@ class Transport:
                 raise
             except BaseException:
                 self._drop(conn)
+                if expired.is_set():
+                    raise TimeoutError(f"no complete response within {self.timeout:g} s") from None
                 raise
+            finally:
+                timer.cancel()
             if resp.will_close:
                 self._drop(conn)
             return resp.status, resp.reason, {k.lower(): v for k, v in resp.getheaders()}, data
+
+    def _read_body(self, resp: http.client.HTTPResponse) -> bytes:
+        length = resp.getheader("Content-Length")
+        if length is not None and length.strip().isdigit() and int(length) > self.max_bytes:
+            raise _TooLarge(f"Content-Length {int(length)}")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = resp.read(_READ_CHUNK)
+            if not chunk:
+                if resp.length:  # the connection ended before Content-Length said
+                    raise http.client.IncompleteRead(b"".join(chunks), resp.length)
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge(f"more than {self.max_bytes} bytes")
+            chunks.append(chunk)
 
     def close(self) -> None:
         with self._lock:
             conns, self._open = list(self._open), set()
         for conn in conns:
             conn.close()
+
+
+def _expire(conn: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The response deadline passed: wake the read blocked on the socket."""
+    expired.set()
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class HttpClient:
@@ -210,14 +278,17 @@ class HttpClient:
     def close(self) -> None:
         self._transport.close()
 
-    def call(self, method: str, path: str, body: bytes | None, retries: int, *, root: bool = False) -> Any:
+    def call(
+        self, method: str, path: str, body: bytes | None, retries: int, *, root: bool = False, about: str = ""
+    ) -> Any:
         """The decoded JSON answer of one request, retried as the class doc says. `root`:
-        `path` is under the server's root (native endpoints), not under /v1."""
+        `path` is under the server's root (native endpoints), not under /v1. `about` (e.g.
+        " (prompt 'p1')") follows the URL in the messages about the answer's content."""
         url = (self.endpoint.root_display if root else self.endpoint.display) + path
         attempts = retries + 1
         for attempt in range(attempts):
             try:
-                return self._attempt(method, path, body, url, root)
+                return self._attempt(method, path, body, url, root, about)
             except _Retryable as exc:
                 if attempt + 1 >= attempts:
                     tries = f"after {attempts} attempts" if attempts > 1 else "(retries=0)"
@@ -231,9 +302,17 @@ class HttpClient:
         step = min(MAX_BACKOFF_S, self.backoff * 2.0**attempt)
         return step / 2 + random.uniform(0.0, step / 2)
 
-    def _attempt(self, method: str, path: str, body: bytes | None, url: str, root: bool) -> Any:
+    def _attempt(self, method: str, path: str, body: bytes | None, url: str, root: bool, about: str) -> Any:
         try:
             status, reason, headers, data = self._transport.request(method, path, body, root=root)
+        except _TooLarge as exc:
+            cap = self._transport.max_bytes
+            raise EngineError(
+                self.scrub(
+                    f"{url}{about}: the response body is larger than the cap of {cap} bytes ({exc}); refused "
+                    "before parsing (--engine-opt max_response_bytes=N raises the cap)"
+                )
+            ) from None
         except TimeoutError:
             raise _Retryable(
                 f"no response within {self.timeout:g} s", "a slow server needs a larger --engine-opt timeout"
@@ -270,7 +349,7 @@ class HttpClient:
                 )
             )
         try:
-            return orjson.loads(data)
+            obj = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise EngineError(
                 self.scrub(
@@ -278,6 +357,76 @@ class HttpClient:
                     f"{quote(data.decode('utf-8', 'replace'), 80)!r}"
                 )
             ) from None
+        twice = duplicate_key(data, obj)
+        if twice is not None:
+            where, key = twice
+            raise EngineError(
+                self.scrub(
+                    f"{url}{about}: {where} names {quote(repr(key), 60)} twice in one JSON object; refused, "
+                    "because readers disagree on which value counts (orjson takes the last, others the first)"
+                )
+            )
+        return obj
+
+
+class _Twice(dict[str, Any]):
+    """An object that named `key` twice (a parse only for finding it)."""
+
+    key = ""
+
+
+def duplicate_key(raw: bytes, obj: Any) -> tuple[str, str] | None:
+    """Where a JSON answer's object repeats a key: (its path, e.g. `choices[0].logprobs.
+    top_logprobs[3]`, and the key), else None.
+
+    Fast: every key is followed by one colon outside strings, so when the body holds no
+    more colons than the parsed objects hold keys, no key was repeated. Only a body that
+    fails that is parsed again, slowly, to find the object."""
+    keys = _keys_in(obj)
+    colons = raw.count(b":")
+    if colons == keys or (colons > keys and _JSON_STRING.sub(b"", raw).count(b":") == keys):
+        return None
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                twice = _Twice(out)
+                twice.key = key
+                return twice
+            out[key] = value
+        return out
+
+    try:
+        return _find_twice(json.loads(raw, object_pairs_hook=pairs), "")
+    except (ValueError, RecursionError):
+        return None
+
+
+def _keys_in(value: Any) -> int:
+    if type(value) is dict:
+        return len(value) + sum(map(_keys_in, value.values()))
+    if type(value) is list:
+        return sum(map(_keys_in, value))
+    return 0
+
+
+def _find_twice(value: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(value, _Twice):
+        return path or "the answer", value.key
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        hit = _find_twice(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if hit is not None:
+            return hit
+    return None
+
+
+def logprobs_agree(a: float, b: float) -> bool:
+    """Two logprobs a server gives for one token at one position (`token_logprobs` and its
+    `top_logprobs` entry) are one number: servers compute both from the same float, so any
+    difference beyond float32 rounding of a printed value means the answer contradicts itself."""
+    return abs(a - b) <= LOGPROB_AGREEMENT * max(1.0, abs(a))
 
 
 def _loads_or_text(data: bytes) -> Any:

@@ -49,7 +49,7 @@ import orjson
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, greedy_record
-from gate.engines.openai_http import HttpClient, ServerError, quote
+from gate.engines.openai_http import HttpClient, ServerError, logprobs_agree, quote
 from gate.errors import EngineError, InputError
 
 FORCED_MODES = ("decode", "none")
@@ -92,6 +92,7 @@ class TextCompletionsDialect:
         self._ids_of: dict[str, tuple[int, ...]] = {}
         self._text_of: dict[tuple[int, ...], str | None] = {}
         self._added: tuple[int, ...] | None = None
+        self._answered: set[str] = set()
 
     # ----------------------------------------------------------------- the dialect
 
@@ -149,6 +150,11 @@ class TextCompletionsDialect:
             else:
                 self._fail(None, f"forced position {i}: no token and finish_reason {finish!r}")
         return ForcedDecode(token_ids=tuple(chosen), top_logprobs=tops if with_tops else None, mode="decode")
+
+    def answered_models(self) -> set[str]:
+        """The model names the server's completions answered as."""
+        with self._lock:
+            return set(self._answered)
 
     def decode_tokens(self, ids: Sequence[int]) -> list[str] | None:
         out = []
@@ -268,7 +274,13 @@ class TextCompletionsDialect:
     def _complete(
         self, text: str, max_tokens: int, top_k: int, prompt_id: str | None, **more: Any
     ) -> tuple[list[int], list[str], list[Pairs] | None, str]:
-        obj = self.http.call("POST", "/completions", self._body(text, max_tokens, top_k, **more), self.retries)
+        about = f" (prompt {prompt_id!r})" if prompt_id is not None else ""
+        body = self._body(text, max_tokens, top_k, **more)
+        obj = self.http.call("POST", "/completions", body, self.retries, about=about)
+        name = obj.get("model") if isinstance(obj, dict) else None
+        if isinstance(name, str):
+            with self._lock:
+                self._answered.add(name)
         choices = obj.get("choices") if isinstance(obj, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             self._fail(prompt_id, "the response has no choices[0] object")
@@ -312,16 +324,25 @@ class TextCompletionsDialect:
         # Fewer keys than asked: two ids shared a string and one overwrote the other's value,
         # in a place no key shows (a space token and a space plus a dropped partial byte both
         # read " "). Then only the chosen token's own logprob is trusted.
+        # The list this keeps is then shorter than the pin's top_k, and the record says so
+        # (the header's top_k stays the one asked): the distribution verdict counts such a
+        # position as not judged, never as judged on the shortened list.
         items = list(top.items()) if len(top) >= max(1, min(top_k, self.max_logprobs)) else []
+        if type(chosen_lp) not in (int, float) or not float("-inf") < chosen_lp <= 0:
+            self._fail(prompt_id, f"position {position}: logprob {chosen_lp!r} is not a finite number <= 0")
         for key, value in items:
             tid = self._token_id(key) if isinstance(key, str) else None
             if tid is None or type(value) not in (int, float) or not float("-inf") < value <= previous:
                 break  # beyond here the string-keyed map may have lost or overwritten entries
-            pairs.setdefault(tid, float(value))
+            if tid in pairs:
+                self._fail(prompt_id, f"position {position}: token {tid} is named twice in one top_logprobs object")
+            pairs[tid] = float(value)
             previous = float(value)
+        if chosen in pairs and not logprobs_agree(pairs[chosen], float(chosen_lp)):
+            # The chosen token's string carries another id's value (ids that share a string):
+            # nothing in the map can be trusted, only the chosen token's own logprob.
+            pairs = {}
         if chosen not in pairs:
-            if type(chosen_lp) not in (int, float) or not float("-inf") < chosen_lp <= 0:
-                self._fail(prompt_id, f"position {position}: logprob {chosen_lp!r} is not a finite number <= 0")
             pairs[chosen] = float(chosen_lp)
         ordered = sorted(pairs.items(), key=lambda p: (-p[1], p[0]))
         kept = [[t, lp] for t, lp in ordered[: max(top_k, 1)]]

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from gate import __version__
 from gate.core.engine import ForcedDecode, PromptInput
 from gate.core.traces.trace import PromptRecord
-from gate.engines.openai_http import Endpoint, HttpClient, Transport, parse_base_url
+from gate.engines.openai_http import DEFAULT_MAX_RESPONSE_BYTES, Endpoint, HttpClient, Transport, parse_base_url
 from gate.errors import InputError
 
 T = TypeVar("T")
@@ -41,6 +41,7 @@ HTTP_OPTIONS: dict[str, tuple[type, Any]] = {
     "concurrency": (int, 1),
     "retries": (int, 3),
     "backoff": (float, 0.5),
+    "max_response_bytes": (int, DEFAULT_MAX_RESPONSE_BYTES),
 }
 
 
@@ -68,7 +69,7 @@ def check_http_options(engine: str, opts: Mapping[str, Any]) -> None:
         raise InputError(f"--engine-opt timeout={opts['timeout']}: expected a positive number of seconds")
     if not (math.isfinite(opts["backoff"]) and opts["backoff"] >= 0):
         raise InputError(f"--engine-opt backoff={opts['backoff']}: expected a number of seconds >= 0")
-    for key, low in (("concurrency", 1), ("retries", 0)):
+    for key, low in (("concurrency", 1), ("retries", 0), ("max_response_bytes", 1)):
         if opts[key] < low:
             raise InputError(f"--engine-opt {key}={opts[key]}: expected an integer >= {low}")
 
@@ -89,7 +90,12 @@ def connect(
         headers["Authorization"] = f"Bearer {secret}"
     http = HttpClient(
         endpoint,
-        Transport(endpoint, float(opts["timeout"]), headers),
+        Transport(
+            endpoint,
+            float(opts["timeout"]),
+            headers,
+            int(opts.get("max_response_bytes") or DEFAULT_MAX_RESPONSE_BYTES),
+        ),
         timeout=float(opts["timeout"]),
         backoff=float(opts["backoff"]),
         secret=secret,

@@ -46,6 +46,9 @@ class CalibrateRequest:
     save_trace: Path | None = None
     force: bool = False
 
+    def pin_model(self) -> str:
+        return self.model or default_model()
+
 
 def calibrate_request(
     request: CalibrateRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
@@ -73,7 +76,7 @@ def calibrate_request(
         where = str(oracle)
         own = header_doctrine(o.header.extra, where)
     else:
-        pin = load_pin(request.model or default_model(), request.pins_dir)
+        pin = load_pin(request.pin_model(), request.pins_dir)
         o = pin.trace
         name = request.engine.name()
         with display() as progress:

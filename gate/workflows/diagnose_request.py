@@ -32,6 +32,9 @@ class DiagnoseRequest:
     honest_dtype: str = "bfloat16"
     pins_dir: Path | None = None
 
+    def pin_model(self) -> str:
+        return self.model or default_model()
+
 
 def diagnose_request(
     request: DiagnoseRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
@@ -46,7 +49,7 @@ def diagnose_request(
     if path is not None and prompt is None:
         raise InputError("--path goes with --prompt/--position (a divergence's own path is found from the gate)")
     opts = request.engine.options()
-    pin = load_pin(request.model or default_model(), request.pins_dir)
+    pin = load_pin(request.pin_model(), request.pins_dir)
     name = request.engine.name()
     check_capturable(resolve(name), name)
     target = None

@@ -106,6 +106,16 @@ def decode_tokens(engine: Engine, ids: Sequence[int]) -> list[str] | None:
     return list(texts) if texts is not None and len(texts) == len(ids) else None
 
 
+def late_info(engine: Engine) -> dict[str, Any]:
+    """An engine's provenance that only its answers show (its optional `late_info()`,
+    called after the free run: e.g. the model names an HTTP server answered as)."""
+    late = getattr(engine, "late_info", None)
+    if not callable(late):
+        return {}
+    out = engine_call(engine, "late_info", late)
+    return dict(out) if isinstance(out, Mapping) else {}
+
+
 def diverged_ids(oracle: Trace, candidate: Trace) -> list[str]:
     """Ids of the prompts whose free run differs from the oracle's tokens."""
     cand = candidate.by_id()

@@ -54,6 +54,10 @@ class GoldensRequest:
     def engine_name(self) -> str:
         return self.engine.name(DEFAULT_ENGINE)
 
+    def pin_model(self) -> str:
+        """The model whose pin judges (`goldens check --golden` names its own, later)."""
+        return self.model or default_model()
+
 
 @dataclass(frozen=True, slots=True)
 class GoldenTarget:
@@ -155,7 +159,7 @@ def check_goldens(request: GoldensRequest, *, display: ProgressDisplay = no_prog
         model = model or old.header.model
     else:
         model = model or default_model()
-        path = find_golden(model, engine_name, request.goldens_dir)
+        path = find_golden(model, engine_name, request.goldens_dir, pins_dir=request.pins_dir)
         old = read_trace(path, role="candidate")
     old = replace(old, path=display_path(path))
     pin = load_pin(model, request.pins_dir)

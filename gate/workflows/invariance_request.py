@@ -29,6 +29,9 @@ class InvarianceRequest:
     strict: bool = False
     pins_dir: Path | None = None
 
+    def pin_model(self) -> str:
+        return self.model or default_model()
+
     def plan(self) -> InvariancePlan:
         """The cells and their sizes, checked (before any work, with the engine options and
         the doctrine flags)."""
@@ -49,7 +52,7 @@ def invariance_request(request: InvarianceRequest, *, display: ProgressDisplay =
 
     plan = request.plan()
     opts = request.engine.options()
-    pin = load_pin(request.model or default_model(), request.pins_dir)
+    pin = load_pin(request.pin_model(), request.pins_dir)
     doctrine = doctrine_for(pin, request.doctrine.check(), strict=request.strict)
     name = request.engine.name()
     engine_class = resolve(name)

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+import orjson
+
+from gate.core.storage.atomic import PROGRESS, PROGRESS_KEY, file_kind
 from gate.core.traces.trace import PromptRecord, TraceHeader, encode_header, encode_record, read_trace
 from gate.errors import InputError
 
 PROGRESS_SUFFIX = ".partial.jsonl"
-# Header keys that differ between a run and its resumption.
-_UNCOMPARED = frozenset({"created_at"})
+# Header keys that differ between a run and its resumption (the marker: files written
+# before it was added resume too).
+_UNCOMPARED = frozenset({"created_at", PROGRESS_KEY})
 
 
 class Progress(Protocol):
@@ -50,6 +55,36 @@ def default_progress_path(model: str, engine: str, shard: tuple[int, int] | None
     return root.joinpath(*model.split("/")) / f"{safe_engine}{tag}{PROGRESS_SUFFIX}"
 
 
+def check_progress_target(path: Path, model: str, engine: str | None = None) -> None:
+    """Refuse (exit 2) to replace `path` unless it is a progress file of the same run (the
+    same model, and engine where known): a progress file is replaced without --force, so
+    any other file there (a trace, a pin, a report, a user's own) would be lost."""
+    kind = file_kind(path)
+    if kind is None:
+        return
+    if kind != PROGRESS:
+        raise InputError(
+            f"progress file {path}: is a {kind}, not a progress file; gate never replaces it, --force or not "
+            "(name another --progress-file)"
+        )
+    try:
+        with open(path, "rb") as fh:
+            head = orjson.loads(fh.readline())
+    except (OSError, orjson.JSONDecodeError):
+        head = None
+    engine_info = head.get("engine") if isinstance(head, dict) else None
+    theirs = (
+        head.get("model") if isinstance(head, dict) else None,
+        engine_info.get("name") if isinstance(engine_info, dict) else None,
+    )
+    if theirs[0] != model or (engine is not None and theirs[1] != engine):
+        raise InputError(
+            f"progress file {path}: is the progress file of another run (model {theirs[0]!r}, engine "
+            f"{theirs[1]!r}; this run: model {model!r}, engine {engine!r}); gate never replaces it (remove it "
+            "or name another --progress-file)"
+        )
+
+
 def _comparable(header: TraceHeader) -> dict[str, Any]:
     return {k: v for k, v in header.to_dict().items() if k not in _UNCOMPARED}
 
@@ -68,6 +103,7 @@ class ProgressLog:
         The old file is unlinked, never truncated: a run still writing it (two runs of one
         model and engine in one folder) goes on writing its own, now nameless, file and
         cannot interleave records with this one."""
+        check_progress_target(path, header.model, str(header.engine.get("name")))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
@@ -76,7 +112,7 @@ class ProgressLog:
         except OSError as exc:
             raise InputError(f"progress file {path}: cannot write there: {exc.strerror or exc}") from None
         log = cls(path, fh)
-        log._write(encode_header(header))
+        log._write(encode_header(replace(header, extra={**header.extra, PROGRESS_KEY: 1})))
         return log
 
     @classmethod
@@ -89,6 +125,12 @@ class ProgressLog:
             raise InputError(
                 f"--resume: no progress file {path}: nothing to resume (run without --resume to start, "
                 "or pass --progress-file)"
+            )
+        kind = file_kind(path)
+        if kind is not None and kind != PROGRESS:
+            # Resuming cuts a torn last line off: never done to a file that is not a progress file.
+            raise InputError(
+                f"--resume: {path} is a {kind}, not a progress file; nothing to resume from it (it is left as it is)"
             )
         data = path.read_bytes()
         cut = data.rfind(b"\n") + 1

@@ -45,6 +45,7 @@ from gate.workflows.engine_calls import (
     engine_call,
     force_along,
     generate,
+    late_info,
 )
 from gate.workflows.guard import GuardedEngine, vocab_size_of
 from gate.workflows.progress import QUIET, Progress, ProgressLog
@@ -379,6 +380,11 @@ def gate_run(
                 )
     has_top = any(r.top_logprobs is not None for r in records)
     final_header = replace(header, top_k=top_k if has_top else 0, extra=extra)
+    late = late_info(engine)
+    if late:
+        # What only the answers showed (a server answering as another model): in the header, and said.
+        final_header = replace(final_header, engine={**final_header.engine, **late})
+        notes.extend(f"gate: warning: {w}" for w in late.get("warnings", ()))
     candidate = Trace(header=final_header, records=tuple(records), path=f"<{engine.name}>")
     with timed(timings, "force_s"):
         try:

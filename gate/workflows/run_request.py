@@ -17,7 +17,7 @@ from gate.core.traces.trace import read_trace, write_trace
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 from gate.workflows.engine_calls import open_engine
-from gate.workflows.progress import PROGRESS_SUFFIX, default_progress_path
+from gate.workflows.progress import PROGRESS_SUFFIX, check_progress_target, default_progress_path
 from gate.workflows.requests import (
     DoctrineFlags,
     EngineRequest,
@@ -115,6 +115,8 @@ def _run_plan(request: RunRequest, pin: Pin, engine_name: str, opts: dict[str, s
         else:
             progress_file = default_progress_path(pin.model, engine_name, kn)
     if not request.resume and progress_file.exists():
+        # Before the engine loads: only a progress file of this model's runs is ever replaced.
+        check_progress_target(progress_file, pin.model)
         say(f"replacing the progress file of an earlier run, {progress_file} (--resume continues one)")
     return RunPlan(
         engine_options=opts,

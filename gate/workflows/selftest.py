@@ -141,6 +141,9 @@ class SelftestRequest:
     only: tuple[str, ...] | None = None
     doctrine: DoctrineFlags = field(default_factory=DoctrineFlags)
 
+    def pin_model(self) -> str:
+        return self.model or default_model()
+
 
 def selftest_request(
     request: SelftestRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
@@ -148,7 +151,7 @@ def selftest_request(
     from gate.engines.mutants import baseline_loader, mutations
 
     opts = parse_engine_opts(request.engine_opts)
-    pin = load_pin(request.model or default_model(), request.pins_dir)
+    pin = load_pin(request.pin_model(), request.pins_dir)
     # The pin's own doctrine, as `gate run` applies it, with the flags' fields changed: the
     # self-test checks that verdict. A pin without one is judged with one grid step besides
     # the default mnats (`SELFTEST_NEAR_TIE_ULPS`: the one-step fault must come out ratified).

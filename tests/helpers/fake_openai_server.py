@@ -33,7 +33,8 @@ class FakeModel:
     vocab: int = VOCAB
 
     def top(self, context: Sequence[int]) -> list[tuple[int, float]]:
-        """(token, logprob) for the 8 likeliest tokens after `context`, likeliest first."""
+        """(token, logprob) for the 24 likeliest tokens after `context`, likeliest first
+        (more than the top-20 a pin asks for: a server lists as many as asked)."""
         h = 7
         for t in context:
             h = (h * 31 + t + 1) % 1_000_003
@@ -41,8 +42,8 @@ class FakeModel:
         # Logits: the greedy token clearly ahead, then a ladder; normalised over the vocab
         # with the rest at -8 so the logprobs are real log-probabilities.
         logits = {best: 4.0}
-        for j in range(1, 8):
-            logits[(best + 37 * j) % self.vocab] = 4.0 - 0.75 * j
+        for j in range(1, 24):
+            logits[(best + 37 * j) % self.vocab] = 4.0 - 0.75 * j if j < 8 else -1.5 - 0.25 * (j - 8)
         rest = self.vocab - len(logits)
         norm = math.log(sum(math.exp(v) for v in logits.values()) + rest * math.exp(-8.0))
         pairs = [(t, v - norm) for t, v in logits.items()]
@@ -68,7 +69,8 @@ class Reply:
 
     status/body/headers: send this instead of the model's answer (body None: a JSON
     error object for status >= 400, the model's answer otherwise).
-    delay: seconds to wait before answering. drop: close the connection unanswered.
+    delay: seconds to wait before answering. trickle: send the body one byte at a time,
+    this many seconds apart. drop: close the connection unanswered.
     short: answer with this many fewer tokens than asked (finish_reason `length`).
     finish_reason: override the model's finish reason.
     """
@@ -77,6 +79,7 @@ class Reply:
     body: bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    trickle: float = 0.0
     drop: bool = False
     short: int = 0
     finish_reason: str | None = None
@@ -102,6 +105,7 @@ class FakeOpenAIServer:
         token_keys: str = "ids",
         omit_chosen: bool = False,
         prompt_logprobs: str = "echo",
+        answer_model: str | None = None,
     ) -> None:
         # token_keys: "ids" honours return_tokens_as_token_ids; "text" ignores it.
         # prompt_logprobs: "echo" (vLLM: echo arrays and a prompt_logprobs field), "field"
@@ -111,6 +115,8 @@ class FakeOpenAIServer:
         self.token_keys = token_keys
         self.omit_chosen = omit_chosen
         self.prompt_logprobs = prompt_logprobs
+        # The model name the answers carry (default: the served one): a server serving another model.
+        self.answer_model = answer_model
         self.script: deque[Reply] = deque()
         self.requests: list[Seen] = []
         self.connections = 0
@@ -220,7 +226,7 @@ class FakeOpenAIServer:
             "id": "cmpl-fake",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.served_model,
+            "model": self.answer_model or self.served_model,
             "choices": [choice],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generated)},
         }
@@ -244,6 +250,7 @@ def _error(message: str, code: int) -> dict[str, Any]:
 def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        trickle = 0.0
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
@@ -269,8 +276,14 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(payload)
-            except (BrokenPipeError, ConnectionResetError):
+                if self.trickle:
+                    for i in range(len(payload)):
+                        self.wfile.write(payload[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(self.trickle)
+                else:
+                    self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # the client gave up (a timeout test)
 
         def _handle(self, method: str) -> None:
@@ -278,6 +291,7 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
             with server._lock:
                 server.requests.append(Seen(method, self.path, dict(self.headers.items()), body, time.monotonic()))
             reply = server._next_reply()
+            self.trickle = reply.trickle if reply is not None else 0.0
             if reply is not None and reply.delay:
                 time.sleep(reply.delay)
             if reply is not None and reply.drop:
@@ -290,15 +304,15 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 )
                 self._send(reply.status, payload, reply.headers)
                 return
+            if reply is not None and reply.body is not None and self.path != "/v1/models":
+                self._send(200, reply.body, reply.headers)  # any route: a native API's answer too
+                return
             if self.path == "/v1/models" and method == "GET":
                 data = {"object": "list", "data": [{"id": server.served_model, "object": "model"}]}
                 self._send(200, orjson.dumps(data))
                 return
             if self.path != "/v1/completions" or method != "POST":
                 self._send(404, orjson.dumps(_error(f"no route {method} {self.path}", 404)))
-                return
-            if reply is not None and reply.body is not None:
-                self._send(200, reply.body, reply.headers)
                 return
             status, obj = server.answer(body if isinstance(body, dict) else {}, reply)
             self._send(status, orjson.dumps(obj), reply.headers if reply else None)

@@ -25,6 +25,7 @@ pin); judging the moves is `gate.core.goldens.moves`, and the runs are
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -36,7 +37,7 @@ from gate.core.goldens.moves import GOLDEN_VERSION, GoldenMove
 from gate.core.pins.pin import Pin, check_model_id
 from gate.core.storage.files import data_roots, file_sha256, is_packaged, portable, portable_path
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace
-from gate.errors import InputError
+from gate.errors import InputError, TraceError
 
 GOLDENS_DIRNAME = "goldens"
 ENV_GOLDENS_DIR = "GATE_GOLDENS_DIR"
@@ -76,20 +77,25 @@ def golden_path(model: str, engine: str, root: Path) -> Path:
     return path
 
 
-def find_golden(model: str, engine: str, goldens_dir: Path | None = None) -> Path:
+def find_golden(model: str, engine: str, goldens_dir: Path | None = None, *, pins_dir: Path | None = None) -> Path:
     """The golden file in the first search root that has one; none is an input error that
-    says how to record it."""
+    says how to record it (the command quoted, with the folders the search was given, so
+    that it runs as printed)."""
     roots = search_roots(goldens_dir)
     for root in roots:
         path = golden_path(model, engine, root)
         if path.is_file():
             return path
     looked = ", ".join(str(r) for r in roots)
-    flag = f" --goldens-dir {goldens_dir}" if goldens_dir is not None else ""
+    words = ["gate", "goldens", "record", "--model", model, "--engine", engine]
+    if goldens_dir is not None:
+        words += ["--goldens-dir", str(goldens_dir)]
+    if pins_dir is not None:
+        words += ["--pins-dir", str(pins_dir)]
     raise InputError(
         f"no golden for {model} with engine {engine!r} (looked for {golden_path(model, engine, roots[0]).name} "
         f"under {looked}). Record one first",
-        hint=f"gate goldens record --model {model} --engine {engine}{flag}",
+        hint=shlex.join(words),
     )
 
 
@@ -202,9 +208,28 @@ def encode_golden(golden: Trace) -> bytes:
     return encode_trace(golden.header, golden.records)
 
 
+def check_golden_version(golden: Trace) -> None:
+    """A golden names its format version in `golden`; a version this gate does not know is
+    refused (exit 2), never read as version 1. A trace without it is no golden."""
+    version = golden.header.extra.get("golden")
+    if type(version) is not int:
+        raise TraceError(
+            golden.path,
+            1,
+            "golden",
+            f"must be the golden format version (the integer {GOLDEN_VERSION}), found {version!r}: "
+            "is this a golden? (gate goldens record writes one)",
+        )
+    if version != GOLDEN_VERSION:
+        why = f"unsupported golden version {version} (this gate reads version {GOLDEN_VERSION}); re-record it"
+        raise TraceError(golden.path, 1, "golden", why)
+
+
 def check_golden_against_pin(golden: Trace, pin: Pin) -> None:
-    """The golden must be of the pin's model and its very prompts: same ids, same prompt
-    token ids. Otherwise its tokens answer other questions (exit 2)."""
+    """The golden must be of a version this gate reads, of the pin's model and its very
+    prompts: same ids, same prompt token ids. Otherwise its tokens answer other questions
+    (exit 2)."""
+    check_golden_version(golden)
     where = golden.path
     if golden.header.model != pin.model:
         raise InputError(f"{where}: the golden is for model {golden.header.model!r}, the pin for {pin.model!r}")

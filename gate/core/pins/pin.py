@@ -16,6 +16,7 @@ an engine; `gate.workflows.pin_record` does.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,10 +90,11 @@ class PinFolder:
         return self.path / PIN_FILE
 
     def record_command(self) -> str:
-        cmd = f"gate pin record --model {self.model}"
+        """The command that records this pin, quoted so that it runs as printed."""
+        words = ["gate", "pin", "record", "--model", self.model]
         if self.pins_dir_flag is not None:
-            cmd += f" --pins-dir {self.pins_dir_flag}"
-        return cmd
+            words += ["--pins-dir", str(self.pins_dir_flag)]
+        return shlex.join(words)
 
 
 def pin_folder(model: str, root: Path, pins_dir_flag: Path | None = None) -> PinFolder:

@@ -4,6 +4,10 @@ Every file gate produces (pins, goldens, traces, reports) goes through `atomic_w
 bytes land in a temporary file in the target's own folder, are fsynced, and replace the
 target with one `os.replace`, which POSIX makes atomic. A crash or SIGKILL at any instant
 leaves either the old file or the new one, never a mix.
+
+Nothing is lost: `check_target` is the rule every writing command applies before any work
+(never over an input, never over a file of another kind, --force only for the same kind),
+and `atomic_write` refuses again, at the write, to replace a file of another kind.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+import orjson
 
 from gate.errors import InputError
 
@@ -45,6 +51,123 @@ def same_file(path: str | os.PathLike[str], others: Iterable[str | os.PathLike[s
     return None
 
 
+# The kinds of file gate writes, told apart by their content (the first line's header, or
+# the JSON object of a small file). A report carries no marker (Markdown, text, JSON, HTML,
+# JUnit), so REPORT stands for "none of gate's data files": a user's own file too.
+PIN = "pin (oracle trace)"
+GOLDEN = "golden"
+PROGRESS = "progress file"
+TRACE = "candidate trace"
+SUITE = "prompt list (a suite, or exported prompts)"
+SETTINGS = "oracle settings (oracle.json)"
+REPORT = "report"
+# What is read to tell a kind: a header line is far shorter; oracle.json a few kB.
+_KIND_BYTES = 1024 * 1024
+# The key only a progress file's header carries (gate.workflows.progress).
+PROGRESS_KEY = "gate_progress"
+_LEGACY_PROGRESS_SUFFIX = ".partial.jsonl"
+# The keys oracle.json may hold (its reader refuses any other).
+_SETTINGS_KEYS = frozenset(
+    {"model", "engine", "dtype", "revision", "notes", "max_tokens", "top_k", "tensor_parallel_size"}
+    | {"pipeline_parallel_size", "max_model_len", "engine_options", "doctrine"}
+)
+
+
+def kind_of(head: bytes, name: str = "") -> str:
+    """The kind of a file that begins with `head` (its first `_KIND_BYTES`), named `name`."""
+    line = head.split(b"\n", 1)[0]
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        try:
+            obj = orjson.loads(head) if len(head) < _KIND_BYTES else None
+        except orjson.JSONDecodeError:
+            obj = None
+        if (
+            isinstance(obj, dict)
+            and "verdict" not in obj
+            and "engine" in obj
+            and ("top_k" in obj or "max_tokens" in obj)
+        ):
+            return SETTINGS
+        return REPORT
+    if not isinstance(obj, dict):
+        return REPORT
+    if "gate_trace" in obj:
+        if PROGRESS_KEY in obj:
+            return PROGRESS
+        if "golden" in obj:
+            return GOLDEN
+        if obj.get("role") == "oracle":
+            return PIN
+        if "engine_options" in obj and name.endswith(_LEGACY_PROGRESS_SUFFIX):
+            return PROGRESS  # written before progress headers were marked
+        return TRACE
+    if "id" in obj and any(k in obj for k in ("text", "messages", "prompt_token_ids")):
+        return SUITE
+    return SETTINGS if _is_settings(obj) else REPORT  # oracle.json on one line, or a report
+
+
+def _is_settings(obj: object) -> bool:
+    """oracle.json: an object of only the settings its reader knows (gate.core.pins.oracle_settings)."""
+    return isinstance(obj, dict) and bool(obj) and set(obj) <= _SETTINGS_KEYS
+
+
+def file_kind(path: str | os.PathLike[str]) -> str | None:
+    """The kind of the file at `path`; None when there is none, it is empty (nothing to
+    lose), or it is no regular file (never opened here: a FIFO would block; `atomic_write`
+    refuses to replace one)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(_KIND_BYTES)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError:
+        return REPORT  # unreadable: no kind gate can vouch for
+    if not head.strip():
+        return None
+    return kind_of(head, Path(path).name)
+
+
+def other_kind(name: str, kind: str, writes: str) -> str:
+    """The one line that refuses to write a `writes` over a file of `kind`."""
+    held = "file with no gate header (a report, or a file of your own)" if kind == REPORT else kind
+    return (
+        f"{name}: is a {held}; this writes a {writes} there, and gate never replaces a file of another "
+        "kind, --force or not (name another file)"
+    )
+
+
+def check_target(
+    path: str | os.PathLike[str],
+    writes: str,
+    *,
+    force: bool,
+    inputs: Iterable[str | os.PathLike[str] | None] = (),
+    flag: str = "",
+    message: str = "{flag}{path}: already exists; pass --force to replace it",
+    error: type[InputError] = InputError,
+) -> None:
+    """The one rule for every file a command writes, checked before any work (exit 2):
+    never one of the command's `inputs` (by identity: a symlink or hard link to an input is
+    that input), never a file of another kind than `writes` (a trace over a pin, a golden
+    over a progress file, a report over a golden), --force or not; an existing file of the
+    same kind only with --force. `message` may name `{flag}` and `{path}`."""
+    name = f"{flag} {path}" if flag else str(path)
+    hit = same_file(path, inputs)
+    if hit is not None:
+        raise InputError(f"{name}: is the input {hit} (the same file); an input is never its own output")
+    if not os.path.exists(path):
+        return
+    kind = file_kind(path)
+    if kind is not None and kind != writes:
+        raise InputError(other_kind(name, kind, writes))
+    if not force:
+        raise error(message.format(flag=f"{flag} " if flag else "", path=path))
+
+
 def atomic_write(
     path: str | os.PathLike[str],
     data: bytes,
@@ -65,6 +188,12 @@ def atomic_write(
     _check_replaceable(target)
     if target.exists() and not overwrite:
         raise InputError(f"{target}: already exists; pass --force to replace it")
+    if overwrite:
+        # The last line of defence of the rule `check_target` states: whatever a caller
+        # checked before, a file of another kind than these bytes is never replaced.
+        have, writes = file_kind(target), kind_of(data[:_KIND_BYTES], target.name)
+        if have is not None and have != writes:
+            raise InputError(other_kind(str(target), have, writes))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(target)

@@ -53,8 +53,10 @@ def machine_key(machine: Mapping[str, Any]) -> str:
             return f"cpu:{isa}/onednn:{onednn}"
         # oneDNN's bf16 matmuls use the CPU's native bf16 instructions where it has them
         # (AMX, else avx512_bf16), whatever torch's own ISA level: another rounding path.
+        # A file's header is type-checked by the reader (header_fields); a live engine's
+        # info is not, so only the string flags count here.
         flags = machine.get("cpu_flags")
-        flags = set(flags) if isinstance(flags, (list, tuple)) else set()
+        flags = {f for f in flags if isinstance(f, str)} if isinstance(flags, (list, tuple)) else set()
         native = "+amx" if "amx_bf16" in flags else "+bf16" if "avx512_bf16" in flags else ""
         return f"cpu:{isa}{native}"
     cap = machine.get("compute_capability")

@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from gate.core.storage.atomic import atomic_write
+from gate.core.traces.header_fields import check_header_fields
 from gate.core.traces.moe import check_routing_fields, parse_moe_header
 from gate.errors import TraceError
 
@@ -477,6 +478,7 @@ def _parse_header(name: str, lineno: int, obj: Any) -> TraceHeader:
     for key in ("name", "version"):
         if not isinstance(engine.get(key), str):
             raise TraceError(name, lineno, f"engine.{key}", "missing or not a string")
+    check_header_fields(name, lineno, obj)
     extra = {k: v for k, v in obj.items() if k not in _HEADER_KEYS}
     if "moe" in extra:  # MoE routing (docs/guides/moe-routing.md): absent for dense models
         parse_moe_header(name, lineno, extra["moe"])
