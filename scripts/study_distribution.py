@@ -72,6 +72,8 @@ def print_distribution_table(
             ratio = f"{f.kl_mean_mnats / fl_mean:.2f}/{f.kl_p99_mnats / fl_p99:.2f}/{miss:.2f}"
         if d.floor is None:
             dist = "no floor"
+        elif d.insufficient:
+            dist = "NOT JUDGED"
         elif not d.judged:
             dist = "not judged"
         else:

@@ -235,8 +235,13 @@ def test_save_trace_then_gate_it_as_a_candidate_trace(pins: Path, tmp_path: Path
     assert r.exit_code == 2, r.output
     assert "already exists; pass --force" in r.stderr
 
-    # Bring your own trace: the same adjudication without any engine, model from the header.
+    # Bring your own trace: the same adjudication without any engine. The pin is the model
+    # asked for (the default model unless --model names one), never the trace header's.
     r = invoke(["run", "--candidate-trace", str(saved), "--pins-dir", str(pins), "--format", "json"])
+    assert r.exit_code == 2 and "no pin folder for HuggingFaceTB/SmolLM2-135M-Instruct" in r.stderr, r.output
+    r = invoke(
+        ["run", "--candidate-trace", str(saved), "--pins-dir", str(pins), "--model", TOY_MODEL, "--format", "json"]
+    )
     assert r.exit_code == 0, r.output
     again = report(r)
     assert again["counts"] == first["counts"]
@@ -269,7 +274,9 @@ def test_candidate_trace_missing_a_prompt_is_an_input_error(pins: Path, tmp_path
     assert run(pins, "--save-trace", str(saved)).exit_code == 0
     lines = saved.read_text().splitlines()
     (tmp_path / "short.jsonl").write_text("\n".join(lines[:-1]) + "\n")
-    r = invoke(["run", "--candidate-trace", str(tmp_path / "short.jsonl"), "--pins-dir", str(pins)])
+    r = invoke(
+        ["run", "--candidate-trace", str(tmp_path / "short.jsonl"), "--pins-dir", str(pins), "--model", TOY_MODEL]
+    )
     assert r.exit_code == 2, r.output
     assert "missing prompt(s) 'p05'" in r.stderr
 
@@ -302,7 +309,9 @@ def test_export_prompts_then_an_external_engine_writes_its_own_trace(pins: Path,
     }
     body = [{"id": x.id, "prompt_token_ids": list(x.prompt_token_ids), "token_ids": list(x.token_ids)} for x in recs]
     trace.write_text("".join(json.dumps(o) + "\n" for o in [header, *body]))
-    r = invoke(["run", "--candidate-trace", str(trace), "--pins-dir", str(pins), "--format", "json"])
+    r = invoke(
+        ["run", "--candidate-trace", str(trace), "--pins-dir", str(pins), "--model", TOY_MODEL, "--format", "json"]
+    )
     assert r.exit_code == 0, r.output
     rep = report(r)
     # Without forced data only each first divergence is classified: exact ties, higher id.
@@ -395,7 +404,9 @@ def test_a_saved_trace_carries_the_hashes_and_they_are_checked(pins: Path, tmp_p
     header, *rest = saved.read_text().splitlines(keepends=True)
     assert json.loads(header)["engine"]["weights_sha256"] == "toy-weights-0"
     (tmp_path / "other.jsonl").write_text(header.replace("toy-weights-0", "toy-weights-9") + "".join(rest))
-    r = invoke(["run", "--candidate-trace", str(tmp_path / "other.jsonl"), "--pins-dir", str(pins)])
+    r = invoke(
+        ["run", "--candidate-trace", str(tmp_path / "other.jsonl"), "--pins-dir", str(pins), "--model", TOY_MODEL]
+    )
     assert r.exit_code == 2, r.output
     assert "the candidate trace" in r.stderr and "weights hash is toy-weights-9" in r.stderr
 

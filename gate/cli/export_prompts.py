@@ -27,6 +27,7 @@ def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | N
         "run each prompt greedily from its prompt_token_ids for max_tokens tokens and write a candidate trace: "
         f"a header line such as {exported.header}, then one record per prompt with id, prompt_token_ids and "
         "token_ids (top_logprobs optional); gate it with: gate run --candidate-trace TRACE"
+        + (f" --model {exported.model}" if model is not None else "")
     )
     return 0
 

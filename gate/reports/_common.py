@@ -216,6 +216,8 @@ def verdict_line(result: GateResult) -> str:
     note = " under --strict" if v == RATIFIED_PASS and result.doctrine.strict else ""
     if result.distribution is not None and result.distribution.beyond:
         note += ": numerics beyond honest drift, the distribution verdict"
+    elif result.distribution is not None and result.distribution.insufficient:
+        note += ": the distribution verdict could not judge what the candidate reported"
     return f"verdict: {VERDICT_LABELS.get(v, v)} (exit {result.exit_code}{note})"
 
 

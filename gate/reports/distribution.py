@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gate.core.verdict.distribution import BEYOND_WHY, MIN_POSITIONS, Figures, RunDistribution
+from gate.core.verdict.distribution import (
+    BEYOND_WHY,
+    MIN_POSITIONS,
+    NOT_JUDGED_WHY,
+    RULE_NOT_JUDGED,
+    Figures,
+    RunDistribution,
+)
 from gate.core.verdict.result import GateResult
 from gate.reports.reason import no_floor_words
 
@@ -78,6 +85,13 @@ def floor_line(d: RunDistribution, result: GateResult | None = None) -> tuple[st
         return (f"distribution verdict: none — {said}, so this run is judged without it", PLAIN)
     limits = limits_text(d)
     own = not_judged_words(d)
+    if d.insufficient:
+        beyond = f" (figures beyond the floor as measured: {'; '.join(d.beyond_figures)})" if d.beyond_figures else ""
+        return (
+            f"distribution verdict: NOT JUDGED — {NOT_JUDGED_WHY}: {d.not_judged_reason}{beyond}. "
+            f"Not a pass (exit 1, rule {RULE_NOT_JUDGED})",
+            LOUD,
+        )
     if not d.judged:
         return (f"distribution verdict: not judged — {own} (limits: {limits})", PLAIN)
     if d.beyond:
@@ -90,12 +104,8 @@ def floor_line(d: RunDistribution, result: GateResult | None = None) -> tuple[st
 
 
 def not_judged_words(d: RunDistribution) -> str:
-    """Why a run with a floor is not judged: the core's own words where it states them."""
-    for name in ("not_judged_reason", "not_judged_why", "why_not_judged"):
-        value = getattr(d, name, None)
-        if isinstance(value, str) and value:
-            return value
-    return (
+    """Why a run with a floor is not judged, in the core's own words."""
+    return d.not_judged_reason or (
         f"{d.overall.positions} positions with the candidate's top-k on the oracle's context, fewer than "
         f"{MIN_POSITIONS}"
     )
@@ -134,11 +144,12 @@ def distribution_detail_lines(result: GateResult) -> list[tuple[str, str]]:
         return []
     head = (
         f"distribution vs the oracle at {d.overall.positions} positions sharing its context (free-run prefix and "
-        "forced; KL(oracle ‖ candidate) over the common top-k, each side renormalised over it)"
+        "forced, the worse of the two where both; KL(oracle ‖ candidate) over both lists, an oracle token the "
+        "candidate lacks at its smallest listed probability)"
     )
     lines = [(head, QUIET), *((x, QUIET) for x in figure_lines(d.overall)), (class_line(d), QUIET)]
     if d.overall.no_common_support:
-        lines.append((f"  {d.overall.no_common_support} positions with no token in common (KL counted 0)", QUIET))
+        lines.append((f"  {d.overall.no_common_support} positions with no token in common", QUIET))
     if d.floor is not None:
         lines.append((floor_provenance(d), QUIET))
     return lines
@@ -193,7 +204,7 @@ def junit_distribution_case(result: GateResult, suites: Any, suite: Any, classna
     import xml.etree.ElementTree as ET
 
     d = result.distribution
-    if d is None or not d.beyond:
+    if d is None or not (d.beyond or d.insufficient):
         return
     verdict, _ = floor_line(d, result)
     case = ET.SubElement(suite, "testcase", classname=classname, name="distribution", time="0")

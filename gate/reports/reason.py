@@ -12,7 +12,6 @@ true of what the verdict decided: which rule or which floor, by how much, where.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
 from gate.reports._common import class_counts, fmt_mnats
@@ -105,24 +104,24 @@ def _distribution_clause(result: GateResult) -> str:
     d = result.distribution
     if d is None:
         return ""
-    said = _core_not_judged(d)
+    if d.floor is None:
+        return f"the distribution is not judged: {no_floor_words(result)}"
+    if d.insufficient:
+        from gate.core.verdict.distribution import RULE_NOT_JUDGED
+
+        return (
+            f"the distribution is NOT JUDGED, which under the pin's floor is not a pass (rule {RULE_NOT_JUDGED}: "
+            f"{printable(d.not_judged_reason or '')})"
+        )
     if d.beyond:
         return "the distribution is beyond the honest floor (" + "; ".join(_short(x) for x in d.beyond_figures) + ")"
     if d.judged:
         f, fl = d.overall, d.floor
-        assert fl is not None
         return (
             f"the distribution is within the honest floor (mean KL {_n(f.kl_mean_mnats)} mnats ≤ "
             f"{fl.kl_mean_limit:.3f}, {f.positions} positions)"
         )
-    if said:
-        return f"the distribution is not judged: {said}"
-    if d.floor is None:
-        return f"the distribution is not judged: {no_floor_words(result)}"
-    return (
-        f"the distribution is not judged: {d.overall.positions} positions with the candidate's top-k, fewer than "
-        f"{_min_positions()}"
-    )
+    return f"the distribution is not judged: {printable(d.not_judged_reason or '')}"
 
 
 def no_floor_words(result: GateResult) -> str:
@@ -130,15 +129,6 @@ def no_floor_words(result: GateResult) -> str:
     if result.run is not None:
         return "the pin carries no honest floor"
     return "no honest floor was given (the oracle trace's header carries none)"
-
-
-def _core_not_judged(d: Any) -> str:
-    """A not-judged reason the verdict core states itself, if it carries one."""
-    for name in ("not_judged_reason", "not_judged_why", "why_not_judged"):
-        value = getattr(d, name, None)
-        if isinstance(value, str) and value:
-            return printable(value)
-    return ""
 
 
 def _short(figure: str) -> str:
@@ -149,9 +139,3 @@ def _short(figure: str) -> str:
 
 def _n(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
-
-
-def _min_positions() -> int:
-    from gate.core.verdict.distribution import MIN_POSITIONS
-
-    return MIN_POSITIONS

@@ -18,6 +18,7 @@ class ExportedPrompts:
     """One JSON line per pinned prompt, and the header line a candidate trace starts with."""
 
     lines: bytes
+    model: str
     prompts: int
     pin_path: Path
     header: str
@@ -41,4 +42,6 @@ def export_prompts(model: str | None, pins_dir: Path | None) -> ExportedPrompts:
             "engine": {"name": "NAME", "version": "V"},
         }
     ).decode()
-    return ExportedPrompts(lines=lines, prompts=len(pin.trace.records), pin_path=pin.folder.pin_path, header=header)
+    return ExportedPrompts(
+        lines=lines, model=pin.model, prompts=len(pin.trace.records), pin_path=pin.folder.pin_path, header=header
+    )

@@ -118,7 +118,10 @@ def check_provenance(
     candidate trace passes the hashes its header states, never a re-hash of a folder it
     names, which may have changed since the trace was written."""
     if model is not None and model != pin.model:
-        raise PinError(f"{where} is for model {model!r}, but the pin {pin.folder.pin_path} is for {pin.model!r}")
+        raise PinError(
+            f"{where} is for model {model!r}, but the pin {pin.folder.pin_path} is for {pin.model!r}",
+            hint=f"to gate it against {model}'s pin, name it: --model {model}",
+        )
     theirs_all = model_hashes(info) if hashes is None else hashes
     for key in HASH_KEYS:
         ours, theirs = pin.provenance(key), theirs_all.get(key)

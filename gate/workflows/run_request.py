@@ -49,7 +49,7 @@ class RunRequest:
     repeat: int = 1
 
     def pin_model(self) -> str:
-        """The model whose pin judges the run (a candidate trace names its own, later)."""
+        """The model whose pin judges the run, a candidate trace's too."""
         return self.model or default_model()
 
     def check(self) -> None:
@@ -66,7 +66,9 @@ def run_gate(request: RunRequest, *, say: Say = silent, display: ProgressDisplay
     if request.candidate_trace is not None:
         _refuse_with_candidate_trace(request, opts)
         cand = read_trace(request.candidate_trace, role="candidate")
-        pin = load_pin(request.model or cand.header.model, request.pins_dir)
+        # The pin is the one asked for (--model, else the default model), never the one the
+        # trace names: a trace for another model is refused (exit 2) by the provenance check.
+        pin = load_pin(request.pin_model(), request.pins_dir)
         return gate_trace_against_pin(pin, cand, doctrine_for(pin, flags, strict=request.strict))
     pin = load_pin(request.pin_model(), request.pins_dir)
     doctrine = doctrine_for(pin, flags, strict=request.strict)

@@ -67,15 +67,19 @@ def failing_pair(folder: Path) -> tuple[Path, Path]:
                 tops[i] = _flip(tops[i], tokens[i])
                 near += 1
                 break
-        out.append(
-            {
-                "id": rec["id"],
-                "prompt_token_ids": rec["prompt_token_ids"],
-                "token_ids": tokens,
-                "top_logprobs": tops,
-                "finish_reason": "length",
-            }
-        )
+        cand = {
+            "id": rec["id"],
+            "prompt_token_ids": rec["prompt_token_ids"],
+            "token_ids": tokens,
+            "top_logprobs": tops,
+            "finish_reason": "length",
+        }
+        if tokens != list(rec["token_ids"]):
+            # Teacher-forced along the oracle's tokens, as `gate run` forces a prompt that
+            # diverged: the same choices and lists (the flip is the build's own choice there).
+            cand["forced_token_ids"] = tokens
+            cand["forced_top_logprobs"] = tops
+        out.append(cand)
     oracle = folder / "oracle.jsonl"
     oracle.write_bytes(PIN.read_bytes())
     candidate = folder / "candidate.jsonl"

@@ -41,6 +41,32 @@ def planted_defect(pin: Trace) -> tuple[Trace, str, int]:
     raise AssertionError("the pin has no position far from a tie")
 
 
+def planted_flip(pin: Trace, low_nats: float = 0.7, high_nats: float = 1.5) -> Trace:
+    """The pin's trace as a candidate that reports everything (its own lists, forced ids and
+    lists for every position) and flips one token where the oracle's top-2 gap is between
+    `low_nats` and `high_nats`: a defect under the pin's doctrine, a near tie under a
+    threshold above the gap. Its own list puts its token first (the oracle's two logprobs
+    swapped there), so it is greedy over what it reports, and one swapped position keeps
+    its distribution within the pin's floor."""
+    for n, rec in enumerate(pin.records):
+        assert rec.top_logprobs is not None
+        for i, top in enumerate(rec.top_logprobs):
+            gap = top[0][1] - top[1][1] if len(top) > 1 else 0.0
+            if top[0][0] == rec.token_ids[i] and low_nats < gap < high_nats:
+                lists = [[(int(t), float(lp)) for t, lp in pos] for pos in rec.top_logprobs]
+                (o, lo), (c, lc) = lists[i][0], lists[i][1]
+                lists[i] = [(c, lo), (o, lc), *lists[i][2:]]
+                tokens = list(rec.token_ids)
+                tokens[i] = c
+                extra = {"forced_top_logprobs": lists}
+                flipped = replace(
+                    rec, token_ids=tuple(tokens), top_logprobs=lists, forced_token_ids=tuple(tokens), extra=extra
+                )
+                records = tuple(flipped if k == n else r for k, r in enumerate(pin.records))
+                return Trace(header=replace(pin.header, role="candidate"), records=records, path="<flipped>")
+    raise AssertionError(f"the pin has no oracle gap between {low_nats} and {high_nats} nats")
+
+
 def write_trace_file(trace: Trace, path: Path) -> Path:
     path.write_bytes(encode_trace(trace.header, trace.records))
     return path

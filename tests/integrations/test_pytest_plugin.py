@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from helpers.pin_candidates import default_pin_trace, honest_candidate, planted_defect, write_trace_file
+from helpers.pin_candidates import default_pin_trace, honest_candidate, planted_defect, planted_flip, write_trace_file
 from helpers.wheel_site import build_wheel_site
 
 pytest_plugins = ["pytester"]
@@ -43,6 +43,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {
         "honest": write_trace_file(honest_candidate(pin), folder / "honest.jsonl"),
         "defective": write_trace_file(defective, folder / "defective.jsonl"),
+        "flipped": write_trace_file(planted_flip(pin), folder / "flipped.jsonl"),
         "prompt_id": prompt_id,
         "position": position,
     }
@@ -102,10 +103,14 @@ def test_the_ini_option_names_the_report_dir(pytester: pytest.Pytester, traces: 
 
 def test_strict_and_the_threshold_reach_the_doctrine(pytester: pytest.Pytester, traces: dict[str, object]) -> None:
     # A threshold above the planted gap makes the flip a near tie: ratified, a pass;
-    # strict then refuses the ratified-only pass.
+    # strict then refuses the ratified-only pass. (The candidate reports its lists and
+    # forced data: the pin's floor judges only a candidate that does.)
     pytester.makepyfile(
         test_foreign=f"""
-DEFECTIVE = {str(traces["defective"])!r}
+DEFECTIVE = {str(traces["flipped"])!r}
+
+def test_default(gate_check):
+    gate_check(DEFECTIVE)
 
 def test_lenient(gate_check):
     result = gate_check(DEFECTIVE, near_tie_mnats=100000.0, no_evidence=True)
@@ -116,8 +121,9 @@ def test_strict(gate_check):
 """
     )
     r = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider")
-    r.assert_outcomes(passed=1, failed=1)
+    r.assert_outcomes(passed=1, failed=2)
     r.stdout.fnmatch_lines(["*ratified pass under strict: 1 prompt(s) diverge only by ties*"])
+    r.stdout.fnmatch_lines(["*40/41 ratified (0 exact ties, 0 near ties, 1 defect)*"])
 
 
 def test_an_engine_object_of_the_plugin_contract(pytester: pytest.Pytester, traces: dict[str, object]) -> None:

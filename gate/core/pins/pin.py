@@ -187,12 +187,44 @@ class Pin:
 
 def pin_own_doctrine(pin: Pin) -> tuple[dict[str, Any] | None, str]:
     """The pin's own doctrine and where it is written: the pin trace header's `doctrine`
-    (it travels with the trace), else oracle.json's; (None, path) when it carries none."""
+    (it travels with the trace), else oracle.json's; (None, path) when it carries none.
+
+    The two are one doctrine: where both carry one, they must agree field by field (a field
+    one of them lacks is a disagreement), else the pin is refused naming both files and the
+    field (`check_doctrines_agree`), never judged by one of them silently."""
     where = str(pin.folder.pin_path)
     own = header_doctrine(pin.trace.header.extra, where)
+    if own is not None and pin.settings.doctrine:
+        check_doctrines_agree(own, dict(pin.settings.doctrine), where, str(pin.folder.settings_path))
     if own is None and pin.settings.doctrine:
         own, where = dict(pin.settings.doctrine), str(pin.folder.settings_path)
     return own, where
+
+
+def check_doctrines_agree(
+    header: Mapping[str, Any], settings: Mapping[str, Any], pin_path: str, settings_path: str
+) -> None:
+    """The pin trace header's doctrine and oracle.json's, field by field (and, for an object
+    such as `floor` or `evidence`, key by key): any difference is a PinError (exit 2)."""
+    for key in sorted(set(header) | set(settings)):
+        a, b = header.get(key), settings.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            for sub in sorted(set(a) | set(b)):
+                if a.get(sub) != b.get(sub):
+                    _disagree(f"{key}.{sub}", a.get(sub), b.get(sub), pin_path, settings_path)
+        elif a != b:
+            _disagree(key, a, b, pin_path, settings_path)
+
+
+def _disagree(field: str, header: Any, settings: Any, pin_path: str, settings_path: str) -> None:
+    def said(v: Any) -> str:
+        return "absent" if v is None else repr(v)[:80]
+
+    raise PinError(
+        f"the pin's doctrine disagrees with itself: field 'doctrine.{field}' is {said(header)} in {pin_path} "
+        f"(the pin trace's header) and {said(settings)} in {settings_path}; re-record the pin "
+        "(gate pin record --force writes oracle.json's doctrine into the header) or make the two agree"
+    )
 
 
 def doctrine_for(

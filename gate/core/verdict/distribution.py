@@ -3,34 +3,45 @@
 A token-exact gate sees a build only where it flips a token; a build that computes another
 numerical model (quantised weights, a lossy KV cache, a position bug) moves every
 distribution a little and flips only a handful of near ties in a suite. Its distributions
-show it everywhere. At every position where both engines saw the oracle's context (a
-prompt's free run up to and including its first divergence, every position of a prompt the
-candidate was teacher-forced through with its own top-k, `forced_top_logprobs`):
+show it everywhere. At every position where both engines saw the oracle's context
+(`gate.core.verdict.coverage`: a prompt's free run up to and including its first
+divergence, and every position of a prompt the candidate was teacher-forced through with
+its own top-k, `forced_top_logprobs`; where both exist at a position, the worse of the two
+counts, so a disagreement between its decode path and its prefill counts against it):
 
-- KL(oracle || candidate) over the common top-k support, each side renormalised over it,
-  in mnats;
-- same top: the candidate's top token (its list's maximum, ties to the lowest id, as
-  `torch.argmax`) is the oracle's;
+- KL(oracle || candidate) over the oracle's list, both sides renormalised over it, in mnats
+  (`kl_mnats`): an oracle token the candidate's list (its first top_k entries) lacks is
+  charged at the list's smallest probability (nothing outside its top k is larger), or at
+  the largest it gives a token the oracle does not list (the slot it may have been moved
+  into), whichever is worse; hiding an entry, or putting an unlisted token in its place,
+  never lowers it;
+- same top: the candidate's list's maximum is the oracle's token (the lowest id among equal
+  maxima, as `torch.argmax`; a token the oracle does not list tied at the top is a miss);
 - Δp: the candidate's probability of the oracle's token minus the oracle's, in percent
-  (where the candidate's top-k holds it).
+  (where the candidate's list holds it).
 
 They are summarised the way llama.cpp's `perplexity --kl-divergence` prints them (mean ±
 standard error, median, p99, max) over all positions and by each position's class (match,
-exact tie, near tie, defect). With the pin's honest `Floor`, a run with at least
-`MIN_POSITIONS` measured positions whose mean KL, p99 KL or same-top miss rate passes the
-floor's by its margin is beyond honest drift, and the verdict is fail. Pure: no I/O, no torch.
+exact tie, near tie, defect). With the pin's honest `Floor`, a run whose coverage is
+complete (`Coverage.complete`) and which has at least `MIN_POSITIONS` measured positions is
+judged: a mean KL, p99 KL or same-top miss rate beyond the floor's by its margin is beyond
+honest drift, and the verdict is fail. A run with a floor whose coverage is incomplete is not
+judged, and that is a fail too (`RULE_NOT_JUDGED`): less evidence is never a laxer verdict.
+Pure: no I/O, no torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gate.core.traces.trace import Trace
-from gate.core.verdict.evidence import aligned_tops, lp_map
+from gate.core.verdict.coverage import Coverage, context_lists, coverage_of, needed
+from gate.core.verdict.evidence import lp_map
 from gate.core.verdict.floor import Floor
+from gate.core.verdict.own_lists import CandidateEvidence, OwnLists, candidate_evidence
 
 # Fewer measured positions than this and the distribution is shown but not judged.
 MIN_POSITIONS = 100
@@ -38,6 +49,12 @@ MIN_POSITIONS = 100
 CLASS_OF_OUTCOME = {"m": "match", "e": "exact_tie", "n": "near_tie", "d": "defect"}
 CLASSES = ("match", "exact_tie", "near_tie", "defect")
 BEYOND_WHY = "numerics beyond honest drift (a different numerical model: quantisation, a lossy cache, a bug)"
+# The rule a run fails by when a pin with a floor cannot judge it (`RunDistribution.insufficient`).
+RULE_NOT_JUDGED = "distribution_not_judged"
+NOT_JUDGED_WHY = (
+    "the distribution cannot be judged against the pin's honest floor: the candidate reported less than the "
+    "floor was measured with"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +89,59 @@ def _logsumexp(values: Sequence[float]) -> float:
     return m + math.log(math.fsum(math.exp(v - m) for v in values))
 
 
+def canonical(top: Sequence[Sequence[Any]], keep: int) -> dict[int, float]:
+    """The list's first `keep` entries in the spec's order (logprob descending, then id):
+    what it says its top `keep` are. Entries past them are not measured, so dropping them
+    changes nothing."""
+    pairs = sorted(((int(t), float(lp)) for t, lp in top), key=lambda p: (-p[1], p[0]))
+    return dict(pairs[:keep])
+
+
+def kl_mnats(oracle_top: Sequence[Sequence[Any]], cand: Mapping[int, float]) -> tuple[float, int]:
+    """KL(oracle || candidate) over the oracle's list, both sides renormalised over it, in
+    mnats, with the size of the common support.
+
+    An oracle token the candidate's list `cand` (its top entries, `canonical`) lacks has at
+    most the list's smallest logprob b (the list is its top k); and it may be a token the
+    candidate moved into the slot of one the oracle does not list. So each such token is
+    charged at b or at the largest logprob the list gives a token the oracle does not list,
+    whichever makes the KL larger: replacing a listed oracle token by an unlisted one at the
+    same logprob can then only raise the KL (the configuration before is one of those
+    charged after). The KL is quasi-convex in each charged value, so its maximum over those
+    choices is at their ends, and for k tokens at the top end at the k the oracle gives the
+    least mass: k = 0 .. |absent| covers it. An empty `cand` is not measured (0, 0)."""
+    if not cand:
+        return 0.0, 0
+    o = lp_map(oracle_top)
+    o_lse = _logsumexp(list(o.values()))
+    share = {t: math.exp(lp - o_lse) for t, lp in o.items()}
+    bound = min(cand.values())
+    top = max((lp for t, lp in cand.items() if t not in o), default=bound)
+    absent = sorted((t for t in o if t not in cand), key=lambda t: (share[t], t))
+    best = -math.inf
+    for k in range(len(absent) + 1 if top > bound else 1):
+        high = set(absent[:k])
+        q = {t: cand.get(t, top if t in high else bound) for t in o}
+        c_lse = _logsumexp(list(q.values()))
+        kl = math.fsum(share[t] * ((o[t] - o_lse) - (q[t] - c_lse)) for t in o)
+        best = max(best, kl)
+    return 1000.0 * max(best, 0.0), len(o) - len(absent)
+
+
+def same_top(oracle_token: int, cand: Mapping[int, float], oracle_ids: Collection[int]) -> bool:
+    """The candidate's top is the oracle's token: listed at the list's maximum, and any other
+    token at that maximum is one the oracle lists with a higher id (`torch.argmax` takes the
+    lowest id among equal maxima). A token the oracle does not list, tied at the top, makes it
+    a miss: replacing a listed token by an unlisted one can then lose a hit, never win one."""
+    lp = cand.get(oracle_token)
+    if lp is None:
+        return False
+    peak = max(cand.values())
+    if lp < peak:
+        return False
+    return all(t == oracle_token or (t in oracle_ids and t > oracle_token) for t, v in cand.items() if v >= peak)
+
+
 def top_token(top: Sequence[Sequence[Any]]) -> int | None:
     """The list's maximum, the lowest id among equal maxima (`torch.argmax`'s choice)."""
     best: tuple[float, int] | None = None
@@ -82,27 +152,66 @@ def top_token(top: Sequence[Sequence[Any]]) -> int | None:
     return None if best is None else best[1]
 
 
-def points(oracle: Trace, candidate: Trace, outcomes: Mapping[str, str]) -> list[Point]:
-    """Every position where the candidate saw the oracle's context and reported its top-k."""
+def point_at(
+    prompt_id: str,
+    position: int,
+    cls: str,
+    oracle_top: Sequence[Sequence[Any]],
+    oracle_token: int,
+    ctop: Any,
+    keep: int,
+) -> Point:
+    """One position's figures from the candidate's list there."""
+    cand = canonical(ctop, keep)
+    kl, support = kl_mnats(oracle_top, cand)
+    olp = lp_map(oracle_top)[oracle_token]
+    dp = 100.0 * (math.exp(cand[oracle_token]) - math.exp(olp)) if oracle_token in cand else None
+    return Point(prompt_id, position, cls, kl, same_top(oracle_token, cand, lp_map(oracle_top)), dp, support)
+
+
+def worse(a: Point, b: Point) -> Point:
+    """Two measurements of one context (free run and forced): the larger KL, and a same-top
+    miss if either misses. A candidate whose decode path and prefill disagree is judged by
+    whichever is further from the oracle."""
+    first, second = (a, b) if a.kl_mnats >= b.kl_mnats else (b, a)
+    if first.same_top and not second.same_top:
+        return Point(first.prompt_id, first.position, first.cls, first.kl_mnats, False, first.dp_pct, first.support)
+    return first
+
+
+def points(
+    oracle: Trace, candidate: Trace, outcomes: Mapping[str, str], evidence: CandidateEvidence | None = None
+) -> list[Point]:
+    """One point per position where the candidate saw the oracle's context and reported a list
+    (the worse of its free-run and forced lists where it has both)."""
     cand = candidate.by_id()
+    own_of = evidence if evidence is not None else candidate_evidence(oracle, candidate)
+    top_k = oracle.header.top_k
     out: list[Point] = []
     for o in oracle.records:
         c = cand.get(o.id)
         if c is None or o.top_logprobs is None:
             continue
         marks = outcomes.get(o.id, "")
-        for i, ctop in aligned_tops(o, c, candidate.path):
-            if len(ctop) == 0:  # (a list or an array: never its truth value)
+        at: dict[int, Point] = {}
+        for i, _, ctop in context_lists(o, c, own_of.own(o.id)):
+            if ctop is None or not len(ctop):  # (a list or an array: never its truth value)
                 continue
             otop = o.top_logprobs[i]
-            kl, support = kl_common_mnats(otop, ctop)
-            ot = o.token_ids[i]
-            cmap = lp_map(ctop)
-            olp = lp_map(otop)[ot]
-            dp = 100.0 * (math.exp(cmap[ot]) - math.exp(olp)) if ot in cmap else None
             cls = CLASS_OF_OUTCOME.get(marks[i] if i < len(marks) else "m", "match")
-            out.append(Point(o.id, i, cls, kl, top_token(ctop) == ot, dp, support))
+            p = point_at(o.id, i, cls, otop, o.token_ids[i], ctop, needed(otop, top_k))
+            at[i] = worse(at[i], p) if i in at else p
+        out.extend(at[i] for i in sorted(at))
     return out
+
+
+def run_coverage(oracle: Trace, candidate: Trace, evidence: CandidateEvidence) -> Coverage:
+    """Which lists the floor needs that the candidate did not report (`gate.core.verdict.coverage`)."""
+    cand = candidate.by_id()
+    pairs: list[tuple[Any, Any, OwnLists]] = [
+        (o, cand[o.id], evidence.own(o.id)) for o in oracle.records if o.id in cand and o.top_logprobs is not None
+    ]
+    return coverage_of(pairs, oracle.header.top_k, candidate.header.top_k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,12 +315,34 @@ class RunDistribution:
     overall: Figures
     by_class: tuple[tuple[str, Figures], ...]
     floor: Floor | None
-    # The figures beyond the floor's limits, in words (empty: within, or not judged).
+    # The figures beyond the floor's limits, in words (empty: within, or too few positions).
     beyond_figures: tuple[str, ...] = ()
+    # What the candidate reported against what the floor was measured with (None: not checked).
+    coverage: Coverage | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.coverage is None or self.coverage.complete
 
     @property
     def judged(self) -> bool:
-        return self.floor is not None and self.overall.positions >= MIN_POSITIONS
+        return self.floor is not None and self.complete and self.overall.positions >= MIN_POSITIONS
+
+    @property
+    def insufficient(self) -> bool:
+        """A pin with a floor, and a candidate that reported less than the floor was measured
+        with: not judged, and not a pass."""
+        return self.floor is not None and not self.complete
+
+    @property
+    def not_judged_reason(self) -> str | None:
+        if self.floor is None:
+            return "the pin carries no honest floor"
+        if not self.complete and self.coverage is not None:
+            return self.coverage.reason()
+        if self.overall.positions < MIN_POSITIONS:
+            return f"{self.overall.positions} positions measured, fewer than {MIN_POSITIONS}"
+        return None
 
     @property
     def beyond(self) -> bool:
@@ -227,7 +358,13 @@ class RunDistribution:
             "judged": self.judged,
             "beyond": self.beyond,
             "beyond_figures": list(self.beyond_figures),
-            "why": BEYOND_WHY if self.beyond else None,
+            "why": BEYOND_WHY if self.beyond else (NOT_JUDGED_WHY if self.insufficient else None),
+            # Additions: the coverage the floor needs, and why a run was not judged.
+            "coverage": self.coverage.to_dict() if self.coverage is not None else None,
+            "not_judged_reason": None if self.judged else self.not_judged_reason,
+            "rule": RULE_NOT_JUDGED if self.insufficient else None,
+            "kl": "KL(oracle || candidate) over both lists, an oracle token the candidate lacks at its smallest "
+            "listed probability",
         }
 
 
@@ -262,12 +399,23 @@ def beyond_floor(f: Figures, floor: Floor) -> tuple[str, ...]:
 
 
 def measure_distribution(
-    oracle: Trace, candidate: Trace, outcomes: Mapping[str, str], floor: Floor | None
+    oracle: Trace,
+    candidate: Trace,
+    outcomes: Mapping[str, str],
+    floor: Floor | None,
+    evidence: CandidateEvidence | None = None,
 ) -> RunDistribution:
-    """The run's figures (`outcomes`: each prompt's `PromptResult.outcomes`) and, with a
-    floor, which of them are beyond it."""
-    pts = points(oracle, candidate, outcomes)
+    """The run's figures (`outcomes`: each prompt's `PromptResult.outcomes`), its coverage
+    and, with a floor, which figures are beyond it."""
+    own = evidence if evidence is not None else candidate_evidence(oracle, candidate)
+    pts = points(oracle, candidate, outcomes, own)
     overall = Figures.of(pts)
     by_class = tuple((name, Figures.of(sel)) for name in CLASSES if (sel := [p for p in pts if p.cls == name]))
     beyond = beyond_floor(overall, floor) if floor is not None and overall.positions >= MIN_POSITIONS else ()
-    return RunDistribution(overall=overall, by_class=by_class, floor=floor, beyond_figures=beyond)
+    return RunDistribution(
+        overall=overall,
+        by_class=by_class,
+        floor=floor,
+        beyond_figures=beyond,
+        coverage=run_coverage(oracle, candidate, own),
+    )

@@ -16,7 +16,7 @@ each binade of the logit, and below |logit| 16 the error no longer shrinks with 
   pair at this one position.
 - The run's drift: at every position where the candidate's context is the oracle's (its
   free run up to and including the first divergence; every position of a prompt it was
-  teacher-forced through), the *swing* of the oracle's top-1-minus-top-2 difference,
+  teacher-forced through; both lists where it has both), the *swing* of the oracle's top-1-minus-top-2 difference,
   ((L[o] - L[r]) - (C[o] - C[r])) / step, r the oracle's runner-up. Honest engines swing
   by a fraction of a step around 0; an engine that moves the runner-up (or anything else
   near the top) by a few steps at every position swings by that much everywhere, flip or
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.core.traces.trace import PromptRecord, Trace
+from gate.core.verdict.coverage import context_lists
 from gate.core.verdict.doctrine import Evidence
 from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.core.verdict.own_lists import FORCED, CandidateEvidence, OwnLists, forced_tops, free_tops
@@ -217,11 +218,16 @@ def run_drift(
         c = cand.get(o.id)
         if c is None or o.top_logprobs is None:
             continue
-        own = evidence.own(o.id) if evidence is not None else None
         mine = per_prompt.setdefault(o.id, [])
-        for i, ctop in aligned_tops(o, c, candidate.path, own):
+        # Free-run and forced lists are both measured where both share the oracle's context.
+        tops: Iterator[tuple[int, Any]] = (
+            ((i, t) for i, _, t in context_lists(o, c, evidence.own(o.id)))
+            if evidence is not None
+            else aligned_tops(o, c, candidate.path)
+        )
+        for i, ctop in tops:
             step = step_at(o, i, grid)
-            if step is None:
+            if step is None or ctop is None:
                 continue
             s = swing(o.top_logprobs[i], ctop, step)
             if s is not None:

@@ -60,6 +60,13 @@ class Floor:
             raise InputError(f"doctrine floor: margin must be >= 1, found {self.margin!r}")
         if not isinstance(self.measured_by, str) or not self.measured_by.strip():
             raise InputError("doctrine floor: measured_by must say how the floor was measured")
+        # The limits a run is judged by must be numbers too: a margin of 1e308 would make
+        # every limit infinite, a floor nothing can be beyond.
+        for name, value in (("kl_mean_mnats", self.kl_mean_limit), ("kl_p99_mnats", self.kl_p99_limit)):
+            if not math.isfinite(value):
+                raise InputError(
+                    f"doctrine floor: {name} x margin ({getattr(self, name)!r} x {self.margin!r}) is not finite"
+                )
 
     @property
     def kl_mean_limit(self) -> float:
