@@ -1,11 +1,104 @@
-"""gate: a token-exact gate for LLM inference engines."""
+"""gate: a token-exact gate for LLM inference engines.
 
-__version__ = "0.1.0"
-# The distribution's name on the package registry (`gate` there is another project);
-# the command and the import name stay `gate`.
-DISTRIBUTION = "gate-llm"
+The Python API, for scripts and notebooks (docs/guides/python-api.md)::
+
+    import gate
+
+    result = gate.compare(gate.read_trace("oracle.jsonl"), gate.read_trace("candidate.jsonl"))
+    result.verdict, result.exit_code
+    pin = gate.load_pin("HuggingFaceTB/SmolLM2-135M-Instruct")
+    gate.run("hf", pin.model).summary
+
+Engine authors import `gate.engine` (the plugin contract). Every name here is loaded on
+first use, so `import gate` (and `gate --help`) imports no torch and no engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gate.version import DISTRIBUTION, __version__, install_line
+
+if TYPE_CHECKING:
+    from gate.api import load_pin, run
+    from gate.core.engine import Engine, PromptInput
+    from gate.core.pins.pin import Pin
+    from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+    from gate.core.verdict.adjudicate import compare
+    from gate.core.verdict.doctrine import Doctrine, Evidence
+    from gate.core.verdict.floor import Floor
+    from gate.core.verdict.result import Divergence, GateResult, PromptResult
+    from gate.errors import EngineError, GateError, InputError, Interrupted, PinError, TraceError
+    from gate.reports import render
+
+# Public name -> the module that defines it (imported on first use).
+_LAZY: dict[str, str] = {
+    "compare": "gate.core.verdict.adjudicate",
+    "read_trace": "gate.core.traces.trace",
+    "write_trace": "gate.core.traces.trace",
+    "Trace": "gate.core.traces.trace",
+    "TraceHeader": "gate.core.traces.trace",
+    "PromptRecord": "gate.core.traces.trace",
+    "load_pin": "gate.api",
+    "run": "gate.api",
+    "Pin": "gate.core.pins.pin",
+    "Doctrine": "gate.core.verdict.doctrine",
+    "Evidence": "gate.core.verdict.doctrine",
+    "Floor": "gate.core.verdict.floor",
+    "GateResult": "gate.core.verdict.result",
+    "PromptResult": "gate.core.verdict.result",
+    "Divergence": "gate.core.verdict.result",
+    "Engine": "gate.core.engine",
+    "PromptInput": "gate.core.engine",
+    "render": "gate.reports",
+    "GateError": "gate.errors",
+    "InputError": "gate.errors",
+    "TraceError": "gate.errors",
+    "PinError": "gate.errors",
+    "EngineError": "gate.errors",
+    "Interrupted": "gate.errors",
+}
+
+__all__ = [
+    "DISTRIBUTION",
+    "Divergence",
+    "Doctrine",
+    "Engine",
+    "EngineError",
+    "Evidence",
+    "Floor",
+    "GateError",
+    "GateResult",
+    "InputError",
+    "Interrupted",
+    "Pin",
+    "PinError",
+    "PromptInput",
+    "PromptRecord",
+    "PromptResult",
+    "Trace",
+    "TraceError",
+    "TraceHeader",
+    "__version__",
+    "compare",
+    "install_line",
+    "load_pin",
+    "read_trace",
+    "render",
+    "run",
+    "write_trace",
+]
 
 
-def install_line(extras: str) -> str:
-    """The command that installs gate with `extras` (comma-separated extra names)."""
-    return f"pip install '{DISTRIBUTION}[{extras}]'"
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -48,7 +48,7 @@ def main() -> None:
     import torch
 
     from gate.core.pins.pin import load_pin
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
     from gate.models.default import DEFAULT_MODEL
     from gate.workflows.diagnose import diagnose_engine, target_given
 

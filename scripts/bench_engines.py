@@ -55,7 +55,7 @@ Runner = Callable[[Any], int]
 def hf_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[Any, str, Runner, str]:
     import torch
 
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -79,7 +79,7 @@ def hf_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[Any, str, 
 def llamacpp_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[Any, str, Runner, str]:
     import llama_cpp
 
-    from gate.engines.llamacpp import LlamaCppEngine
+    from gate.engines.llamacpp.engine import LlamaCppEngine
 
     if args.threads:
         opts.setdefault("threads", str(args.threads))
@@ -113,7 +113,7 @@ def ortgenai_setup(args: argparse.Namespace, opts: dict[str, str]) -> tuple[Any,
     import numpy as np
     import onnxruntime_genai as og
 
-    from gate.engines.ortgenai import OrtGenAIEngine
+    from gate.engines.ortgenai.engine import OrtGenAIEngine
 
     if args.threads:
         opts.setdefault("threads", str(args.threads))

@@ -54,7 +54,7 @@ def main() -> int:
     from helpers.tiny_models import build_tiny_qwen3_moe
 
     from gate.core.engine import PromptInput
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     def inputs(engine: Any) -> list[Any]:
         return [PromptInput(f"p{i}", engine.encode(t), args.max_tokens) for i, t in enumerate(TEXTS[: args.prompts])]

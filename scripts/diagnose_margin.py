@@ -18,7 +18,7 @@ def main() -> None:
     from gate.core.diagnosis.locate import compare_path
     from gate.core.diagnosis.metric import MARGIN
     from gate.core.pins.pin import load_pin
-    from gate.engines.capture_hf import capture_hf
+    from gate.engines.hf.capture import capture_hf
     from gate.models.default import DEFAULT_MODEL, resolve_model_path
     from gate.workflows.diagnose import reference_engines, target_given
     from gate.workflows.diagnose_variants import HONEST_VARIANTS, capture_in_subprocess

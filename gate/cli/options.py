@@ -177,7 +177,7 @@ Repeat = Annotated[
 
 
 # One choice per command, with shell completion; `gate.reports.RENDERERS` renders each
-# (tests/test_cli_surface.py checks the two agree).
+# (tests/cli/test_cli_surface.py checks the two agree).
 class GateFormat(StrEnum):
     rich = "rich"
     json = "json"

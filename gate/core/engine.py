@@ -4,29 +4,48 @@ An engine is built as `EngineClass(model, **options)` where `options` are the st
 `--engine-opt key=value` (convert them with `parse_options`). Built-in engines and plugins
 (entry-point group `gate.engines`, or `module:Class`) follow the same contract.
 
-Schedule knobs (`gate invariance`, docs/guides/invariance.md): an engine class may declare
-`schedule_knobs: ClassVar[Mapping[str, str]]`, mapping a schedule knob name from the fixed
-vocabulary `SCHEDULE_KNOBS` below to the `--engine-opt` key that sets it on that engine, e.g.
+Optional capabilities are small protocols declared here, beside `Engine`, and found with
+`isinstance` (never by class name), so a plugin that implements one is treated exactly as a
+built-in engine that does:
 
-    class LlamaCppEngine:
-        schedule_knobs: ClassVar[Mapping[str, str]] = {
-            "threads": "threads", "n_batch": "n_batch", "n_ubatch": "n_ubatch"}
+- `ForcesDecode`: teacher-forced decode over the oracle's tokens (`force`); without it (or
+  when `force` raises `ForcedDecodeUnavailable`) the positions after a prompt's first
+  divergence count as unadjudicated.
+- `HasScheduleKnobs`: the schedule knobs `gate invariance` may turn (`schedule_knobs`, a
+  class attribute, so nothing is loaded to learn it), e.g.
 
-The invariance workflow reads `getattr(engine_class, "schedule_knobs", {})` (a class
-attribute, so nothing is loaded to learn it) and runs a schedule cell only where the engine
-names its knob; any other cell is listed as not run, with the knob it lacks. Declaring a
-knob promises that setting the option changes only the schedule, never the arithmetic the
-engine means to do: the model, its dtype and its greedy rule stay as they are.
+      class LlamaCppEngine:
+          schedule_knobs: ClassVar[Mapping[str, str]] = {
+              "threads": "threads", "n_batch": "n_batch", "n_ubatch": "n_ubatch"}
+
+  mapping a knob name from the fixed vocabulary `SCHEDULE_KNOBS` to the `--engine-opt` key
+  that sets it. Declaring a knob promises that setting the option changes only the
+  schedule, never the arithmetic the engine means to do: the model, its dtype and its
+  greedy rule stay as they are. Cells whose knob the engine does not name are listed as not run.
+- `BatchesPrompts` / `KeepsRequestsInFlight`: `batch_size` (prompts per `generate` call, 0:
+  all at once) or `concurrency` (a server client's requests in flight): how many prompts
+  the runner hands to one `generate` call.
+- `ReplaysRouting`: an MoE engine that can route as the oracle did (`replay_routing`,
+  docs/guides/moe-routing.md). The routing an engine records travels in its records.
+- `CapturesActivations`: `gate diagnose` reads the engine's activations over a context, one
+  pass over it, and compares them with transformers' on the same weights.
+- `CapturesPaths`: the same through either path (one prefill, or a prefill then one decode
+  step per token through the KV cache), as gate's built-in hf, llamacpp and vllm engines do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, runtime_checkable
 
 from gate.core.traces.trace import PromptRecord, TopList
 from gate.errors import EngineError, InputError
+
+if TYPE_CHECKING:
+    import numpy
+
+    from gate.core.diagnosis.capture import Capture
 
 # The schedule knobs an engine may declare (`schedule_knobs`), and what each one means.
 # The value the invariance workflow sets is an integer, given as the option's string, except
@@ -46,7 +65,7 @@ SCHEDULE_KNOBS: Final[Mapping[str, str]] = {
 def schedule_knobs(engine_class: object) -> dict[str, str]:
     """The engine class's declared schedule knobs (knob name -> `--engine-opt` key), each
     name checked against `SCHEDULE_KNOBS`: a name outside it is an EngineError naming it."""
-    declared = getattr(engine_class, "schedule_knobs", {}) or {}
+    declared = (engine_class.schedule_knobs if isinstance(engine_class, HasScheduleKnobs) else None) or {}
     who = getattr(engine_class, "__name__", engine_class)
     if not isinstance(declared, Mapping):
         raise EngineError(f"{who!r}: schedule_knobs is not a mapping")
@@ -106,8 +125,6 @@ class Engine(Protocol):
       and `top_logprobs` (one list per generated position, `[token_id, logprob]` sorted
       by logprob descending then token id ascending, containing the chosen token) when
       `top_k > 0` and the engine can give them, else None.
-    - `force(prompt_token_ids, token_ids, top_k)` returns a `ForcedDecode` with exactly
-      `len(token_ids)` greedy choices.
     - `info()` returns provenance for trace headers: at least `name` and `version`.
     - `encode(text=None, messages=None)` returns the prompt token ids the engine would
       see (chat messages through the model's chat template), or None when the engine
@@ -122,8 +139,6 @@ class Engine(Protocol):
 
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]: ...
 
-    def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode: ...
-
     def encode(
         self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
     ) -> tuple[int, ...] | None: ...
@@ -131,6 +146,70 @@ class Engine(Protocol):
     def decode_tokens(self, ids: Sequence[int]) -> list[str] | None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ForcesDecode(Protocol):
+    """Teacher-forced decode: `force(prompt_token_ids, token_ids, top_k)` returns a
+    `ForcedDecode` with exactly `len(token_ids)` greedy choices, or raises
+    `ForcedDecodeUnavailable` when this engine (this server, this prompt) cannot."""
+
+    def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode: ...
+
+
+@runtime_checkable
+class HasScheduleKnobs(Protocol):
+    """Schedule knobs `gate invariance` may turn: knob name (`SCHEDULE_KNOBS`) -> the
+    `--engine-opt` key that sets it. A class attribute: checked on the class, unloaded."""
+
+    schedule_knobs: ClassVar[Mapping[str, str]]
+
+
+@runtime_checkable
+class BatchesPrompts(Protocol):
+    """`batch_size` prompts go to one `generate` call (0: all at once)."""
+
+    batch_size: int
+
+
+@runtime_checkable
+class KeepsRequestsInFlight(Protocol):
+    """A server client that keeps `concurrency` requests in flight: as many prompts go to one
+    `generate` call."""
+
+    concurrency: int
+
+
+@runtime_checkable
+class ReplaysRouting(Protocol):
+    """An MoE engine that can use the oracle's recorded experts instead of its router's
+    choice (its own option says whether it does): `oracle` maps a prompt's token ids to
+    the pin's routing rows (`gate.core.verdict.routing.oracle_routing`)."""
+
+    def replay_routing(self, oracle: Mapping[tuple[int, ...], Any]) -> None: ...
+
+
+@runtime_checkable
+class CapturesActivations(Protocol):
+    """What `gate diagnose` needs to locate a bug in an engine: its activations over a context."""
+
+    def capture_activations(
+        self, context_token_ids: Sequence[int], names: Sequence[str] | None = None
+    ) -> Mapping[str, numpy.ndarray]:
+        """Each module name (as `gate diagnose` prints them: model.layers.9.self_attn,
+        model.layers.9.mlp, model.layers.9.input_layernorm, model.layers.9 for the residual
+        stream after layer 9, ...) -> its output at every position of the context, shape
+        [positions, hidden], float32."""
+        ...
+
+
+@runtime_checkable
+class CapturesPaths(Protocol):
+    """`gate diagnose`'s capture through a chosen path: "prefill" (one pass over the context)
+    or "decode" (a prefill over the prompt, then one step per context token after it through
+    the KV cache), as the engine computes each. `context_token_ids` starts with the prompt's."""
+
+    def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Capture: ...
 
 
 _TRUE = {"1", "true", "yes", "on"}

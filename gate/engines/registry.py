@@ -12,17 +12,17 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from gate import install_line
 from gate.core.engine import Engine
 from gate.errors import EngineError, InputError
+from gate.version import install_line
 
 BUILTIN: dict[str, str] = {
-    "hf": "gate.engines.hf:HFEngine",
-    "vllm": "gate.engines.vllm:VLLMEngine",
-    "openai": "gate.engines.openai:OpenAIEngine",
-    "llamacpp": "gate.engines.llamacpp:LlamaCppEngine",
-    "ortgenai": "gate.engines.ortgenai:OrtGenAIEngine",
-    "llama-server": "gate.engines.llama_server:LlamaServerEngine",
+    "hf": "gate.engines.hf.engine:HFEngine",
+    "vllm": "gate.engines.vllm.engine:VLLMEngine",
+    "openai": "gate.engines.http.openai:OpenAIEngine",
+    "llamacpp": "gate.engines.llamacpp.engine:LlamaCppEngine",
+    "ortgenai": "gate.engines.ortgenai.engine:OrtGenAIEngine",
+    "llama-server": "gate.engines.http.llama_server:LlamaServerEngine",
     "executorch": "gate.engines.executorch.engine:ExecuTorchEngine",
 }
 ENTRY_POINT_GROUP = "gate.engines"

@@ -30,10 +30,10 @@ from typing import Any
 
 import orjson
 
-from gate import install_line
 from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.listing import check_listed_files, listing_sha256, load_manifest, tokenizer_files, weight_files
+from gate.version import install_line
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_FOLDER = "SmolLM2-135M-Instruct-bf16"
@@ -128,7 +128,7 @@ def materialize_default(cache_dir: str | os.PathLike[str] | None = None, *, log:
     tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
     try:
         _build(gguf, tmp)
-        _publish(tmp, target)
+        publish_build(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -226,7 +226,7 @@ def _build(gguf: Path, out: Path) -> None:
             os.fsync(fh.fileno())
 
 
-def _publish(tmp: Path, target: Path) -> None:
+def publish_build(tmp: Path, target: Path) -> None:
     """Move the finished build into place; an old (corrupt) folder is moved aside first."""
     old: Path | None = None
     if target.exists():

@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import orjson
+
+from gate.errors import InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
+from gate.models.default import MANIFEST as DEFAULT_MANIFEST
 from gate.models.listing import listing_sha256, tokenizer_files, weight_files
 
 
@@ -47,3 +51,27 @@ def tokenizer_sha256(path: str | os.PathLike[str]) -> str | None:
         return None
     names = tokenizer_files(folder)
     return listing_sha256(folder, names)[0] if names else None
+
+
+def source_hashes(source: Path) -> dict[str, str]:
+    """The weights and tokenizer digests of a Hugging Face folder: from gate's manifest when
+    the folder is one gate built (the default model), else hashed here."""
+    manifest = source / DEFAULT_MANIFEST
+    if manifest.is_file():
+        try:
+            recorded = orjson.loads(manifest.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            recorded = {}
+        if isinstance(recorded, dict) and all(isinstance(recorded.get(k), str) for k in ("weights_sha256",)):
+            out = {"weights_sha256": str(recorded["weights_sha256"])}
+            if isinstance(recorded.get("tokenizer_sha256"), str):
+                out["tokenizer_sha256"] = str(recorded["tokenizer_sha256"])
+            return out
+    weights = weight_files(source)
+    if not weights:
+        raise InputError(f"{source}: no weight files (.safetensors, .bin) to build a model from")
+    out = {"weights_sha256": listing_sha256(source, weights)[0]}
+    tok = tokenizer_files(source)
+    if tok:
+        out["tokenizer_sha256"] = listing_sha256(source, tok)[0]
+    return out

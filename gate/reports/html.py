@@ -28,7 +28,6 @@ from html import escape
 from itertools import groupby
 from typing import Any, TypedDict
 
-from gate import __version__
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import (
     DEFECT,
@@ -66,6 +65,7 @@ from gate.reports._common import (
 )
 from gate.reports.distribution import distribution_detail_lines, distribution_html, floor_provenance
 from gate.reports.reason import because, headline
+from gate.version import __version__
 
 # Full cards for the first divergences; one table row for each of the rest.
 MAX_CARDS = 60

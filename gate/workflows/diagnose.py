@@ -7,24 +7,29 @@ a position read from a prefill, `forced_mode` "prefill": one prefill over the co
 - the reference, transformers in float32 on the same weights;
 - the honest engine, transformers in the candidate's working dtype (bfloat16), whose error
   against the reference at each point is that point's honest band;
-- the candidate, captured through its own adapter (gate.engines.capture_hf, capture_llamacpp,
-  capture_vllm).
-The other path is run too, to say which of the two shows the deviation.
+- the candidate, captured through its capability protocol (gate.core.engine): `capture_path`
+  through either path (the built-in hf, llamacpp and vllm engines), or `capture_activations`,
+  one pass over the context (the prefill path only; a plugin's simplest way in).
+The other path is run too where the candidate has it, to say which of the two shows the deviation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture
+import numpy as np
+
+from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture, Tensor, point_of_module
 from gate.core.diagnosis.locate import compare_path
 from gate.core.diagnosis.metric import MARGIN, METRIC
 from gate.core.diagnosis.record import Diagnosis
+from gate.core.engine import CapturesActivations, CapturesPaths
 from gate.core.verdict.result import DEFECT, FORCED, GateResult
-from gate.errors import InputError
+from gate.errors import EngineError, InputError
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
@@ -132,15 +137,17 @@ def diagnose(
     )
 
 
-def capture_kind(cls: type) -> str | None:
-    """ "hf" for HFEngine and its subclasses, "llamacpp" for LlamaCppEngine's, else None."""
-    names = {c.__module__ + "." + c.__qualname__ for c in cls.__mro__}
-    if "gate.engines.hf.HFEngine" in names:
-        return "hf"
-    if "gate.engines.llamacpp.LlamaCppEngine" in names:
-        return "llamacpp"
-    if "gate.engines.vllm.VLLMEngine" in names:
-        return "vllm"
+PATHS_KIND = "paths"  # `CapturesPaths`: the engine captures through either path
+ACTIVATIONS_KIND = "activations"  # `CapturesActivations`: one pass over the context
+
+
+def capture_kind(engine: object) -> str | None:
+    """How `gate diagnose` captures an engine (a class, checked before it loads, or a loaded
+    one): by the capability protocols it implements, a plugin exactly as a built-in."""
+    if isinstance(engine, CapturesPaths):
+        return PATHS_KIND
+    if isinstance(engine, CapturesActivations):
+        return ACTIVATIONS_KIND
     return None
 
 
@@ -148,34 +155,68 @@ def check_capturable(cls: type, name: str) -> None:
     """Refuse, before an engine loads, one that gate diagnose cannot capture."""
     if capture_kind(cls) is None:
         raise InputError(
-            f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine), "
-            "llamacpp and vllm; docs/guides/diagnose.md says what ortgenai would need"
+            f"gate diagnose cannot capture engine {name!r}: it implements neither capture_activations nor "
+            "capture_path (gate.engine.CapturesActivations; built in: hf and engines built on HFEngine, "
+            "llamacpp, vllm); docs/guides/diagnose.md says what ortgenai would need"
         )
 
 
+def capture_target(engine: object, target: Target) -> tuple[Target, tuple[str, ...]]:
+    """The target as the engine can be captured, and a note when that changed it: an engine
+    with `capture_activations` only computes one pass over the context, the prefill path."""
+    if capture_kind(engine) != ACTIVATIONS_KIND:
+        return target, ()
+    note = (
+        "the candidate is captured through its capture_activations (one pass over the context): the prefill path only"
+    )
+    return replace(target, path=PREFILL), (note,)
+
+
 def capturer_for(engine: Any) -> Capturer:
-    """The capture adapter for a loaded candidate engine."""
-    kind = capture_kind(type(engine))
-    if kind == "hf":
-        from gate.engines.capture_hf import capture_hf
-
-        return lambda p, c, path: capture_hf(engine, p, c, path)
-    if kind == "llamacpp":
-        from gate.engines.capture_llamacpp import capture_llamacpp
-
-        return lambda p, c, path: capture_llamacpp(engine, p, c, path)
-    if kind == "vllm":
-        from gate.engines.capture_vllm import capture_vllm
-
-        return lambda p, c, path: capture_vllm(engine, p, c, path)
+    """The capture of a loaded candidate engine, through its capability protocol."""
+    kind = capture_kind(engine)
+    if kind == PATHS_KIND:
+        return lambda p, c, path: engine.capture_path(p, c, path)
+    if kind == ACTIVATIONS_KIND:
+        return lambda p, c, path: capture_from_activations(engine, c, path)
     check_capturable(type(engine), str(getattr(engine, "name", type(engine).__name__)))
     raise AssertionError("unreachable")
+
+
+def capture_from_activations(engine: CapturesActivations, context_ids: Sequence[int], path: str) -> Capture:
+    """A `CapturesActivations` engine's answer as a capture: each module name it returns that
+    names one of gate's points, its rows checked ([positions, features], one per position)."""
+    if path != PREFILL:
+        raise InputError(f"an engine captured through capture_activations has the prefill path only, not {path}")
+    name = str(getattr(engine, "name", type(engine).__name__))
+    answer = engine.capture_activations(list(context_ids))
+    if not isinstance(answer, Mapping):
+        raise EngineError(f"engine {name!r}: capture_activations returned {type(answer).__name__}, not a mapping")
+    n = len(context_ids)
+    layer_count = 1 + max((int(m.group(1)) for k in answer for m in [_RESIDUAL.search(str(k))] if m), default=-1)
+    tensors = []
+    for module, raw in answer.items():
+        point = point_of_module(str(module), layer_count)
+        if point is None:
+            continue
+        values = np.asarray(raw, dtype=np.float32)
+        if values.ndim != 2 or values.shape[0] != n:
+            raise EngineError(
+                f"engine {name!r}: capture_activations[{module!r}] has shape {tuple(values.shape)}; "
+                f"expected [{n} positions, features]"
+            )
+        tensors.append(Tensor(point, tuple(range(n)), values))
+    meta = {"engine": name, "class": type(engine).__name__, "capture": "capture_activations"}
+    return Capture(path=PREFILL, context_length=n, tensors=tuple(tensors), meta=meta)
+
+
+_RESIDUAL = re.compile(r"(?:^|\.)layers\.(\d+)$")
 
 
 @contextmanager
 def reference_engines(model_path: str, *, honest_dtype: str = "bfloat16") -> Iterator[tuple[Any, Any]]:
     """(reference, honest): transformers float32 and `honest_dtype` on the same weights."""
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     ref = HFEngine(model_path, dtype="float32")
     hon: HFEngine | None = None
@@ -199,9 +240,11 @@ def diagnose_engine(
     notes: Sequence[str] = (),
 ) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
-    from gate.engines.capture_hf import capture_hf
+    from gate.engines.hf.capture import capture_hf
 
     candidate = capturer_for(engine)
+    target, capture_notes = capture_target(engine, target)
+    both_paths = capture_kind(engine) == PATHS_KIND
     with reference_engines(model_path, honest_dtype=honest_dtype) as (ref, hon):
         engines = {
             "candidate": _describe(engine),
@@ -214,9 +257,10 @@ def diagnose_engine(
             lambda p, c, path: capture_hf(ref, p, c, path),
             lambda p, c, path: capture_hf(hon, p, c, path),
             margin=margin,
+            both_paths=both_paths,
             engines=engines,
             model=model,
-            notes=notes,
+            notes=(*notes, *(n for n in capture_notes if n not in notes)),
         )
 
 

@@ -13,7 +13,13 @@ from pathlib import Path
 from gate.core.diagnosis.record import Diagnosis
 from gate.core.pins.pin import doctrine_for, load_pin
 from gate.errors import InputError
-from gate.workflows.diagnose import check_capturable, diagnose_engine, target_given, target_of_result
+from gate.workflows.diagnose import (
+    capture_target,
+    check_capturable,
+    diagnose_engine,
+    target_given,
+    target_of_result,
+)
 from gate.workflows.engine_calls import open_engine
 from gate.workflows.requests import EngineRequest, ProgressDisplay, Say, default_model, no_progress, silent
 from gate.workflows.run import RunPlan, gate_run
@@ -70,6 +76,8 @@ def diagnose_request(
             weights = str(request.reference_model)
         else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
             weights = getattr(cand, "model_path", None) or resolve_model_path(pin.model)
+        target, capture_notes = capture_target(cand, target)
+        notes.extend(capture_notes)
         say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
         return diagnose_engine(
             cand, target, str(weights), honest_dtype=request.honest_dtype, model=pin.model, notes=notes

@@ -76,8 +76,8 @@ def capture_in_subprocess(
 def _child() -> None:
     import torch
 
-    from gate.engines.capture_hf import capture_hf
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.capture import capture_hf
+    from gate.engines.hf.engine import HFEngine
 
     spec = json.loads(sys.stdin.read())
     opts = dict(spec["options"])

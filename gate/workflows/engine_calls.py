@@ -13,7 +13,14 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
-from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput
+from gate.core.engine import (
+    BatchesPrompts,
+    Engine,
+    ForcedDecodeUnavailable,
+    ForcesDecode,
+    KeepsRequestsInFlight,
+    PromptInput,
+)
 from gate.core.traces.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
 from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, TopList, Trace, check_top_logprobs
 from gate.errors import EngineError, GateError, TraceError
@@ -58,10 +65,13 @@ def open_engine(load: Callable[[], Engine], name: str) -> Iterator[Engine]:
 
 def batch_size_for(engine: Engine, prompts: int) -> int:
     """How many prompts go to one `generate` call: the engine's `batch_size` (0: all at
-    once) or `concurrency` attribute where it has one, else one at a time, which lets the
-    progress bar move per prompt."""
-    for attr in ("batch_size", "concurrency"):
-        value = getattr(engine, attr, None)
+    once) or `concurrency` where it has one (`BatchesPrompts`, `KeepsRequestsInFlight`),
+    else one at a time, which lets the progress bar move per prompt."""
+    sizes = (
+        engine.batch_size if isinstance(engine, BatchesPrompts) else None,
+        engine.concurrency if isinstance(engine, KeepsRequestsInFlight) else None,
+    )
+    for value in sizes:
         if type(value) is int and value >= 0:
             return value if value > 0 else max(1, prompts)
     return 1
@@ -163,6 +173,8 @@ def force_along(
             progress.advance()
             continue
         try:
+            if not isinstance(engine, ForcesDecode):
+                raise ForcedDecodeUnavailable(f"engine {name!r} has no forced decode (no `force` method)")
             fd = engine_call(engine, "force", partial(engine.force, o.prompt_token_ids, o.token_ids, top_k))
         except ForcedDecodeUnavailable:
             if skip_unavailable:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from gate.core.engine import Engine, ForcedDecode, PromptInput
+from gate.core.engine import Engine, ForcedDecode, ForcedDecodeUnavailable, ForcesDecode, PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.errors import EngineError
 
@@ -133,7 +133,10 @@ class GuardedEngine:
         return out
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
-        fd = self._call("force", lambda: self.engine.force(prompt_token_ids, token_ids, top_k))
+        engine = self.engine
+        if not isinstance(engine, ForcesDecode):
+            raise ForcedDecodeUnavailable(f"engine {self.name!r} has no forced decode (no `force` method)")
+        fd = self._call("force", lambda: engine.force(prompt_token_ids, token_ids, top_k))
         _check_ids(f"engine {self.name!r}: force", "token_ids", fd.token_ids, self.vocab_size)
         return fd
 

@@ -2,7 +2,7 @@
 
 The engine runs the pin's prompts greedily under a baseline schedule, then under each cell's
 schedule; `gate.core.verdict.invariance` compares each cell with its reference. The cells,
-where the engine declares the knob (`schedule_knobs`, `gate.core.engine`):
+where the engine declares the knob (`HasScheduleKnobs`, `gate.core.engine`):
 
 - repeat: the baseline again (no knob needed);
 - batch: `batch_size` N against the baseline's (1 when the baseline batches, else N);
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from gate.core.engine import Engine, ForcedDecodeUnavailable, PromptInput, schedule_knobs
+from gate.core.engine import Engine, ForcedDecodeUnavailable, ForcesDecode, PromptInput, schedule_knobs
 from gate.core.pins.pin import Pin
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.adjudicate import compare
@@ -368,6 +368,8 @@ def _forced(
 ) -> CellResult:
     """Force the engine along the baseline's own tokens, every prompt, and compare."""
     engine = runner.engine_with(opts)
+    if not isinstance(engine, ForcesDecode):
+        return not_run(schedule, f"the engine gives no forced data: engine {runner.name!r} has no `force` method")
     runner.progress.phase(schedule.cell, len(baseline.records))
     records: list[PromptRecord] = []
     modes: set[str] = set()

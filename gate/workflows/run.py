@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gate.core.engine import Engine, PromptInput
+from gate.core.engine import Engine, PromptInput, ReplaysRouting
 from gate.core.pins.pin import Pin
 from gate.core.storage.files import display_path, portable
 from gate.core.traces.machine import machine_meta
@@ -313,9 +313,8 @@ def gate_run(
         vocab = vocab_size_of(info, pin.provenance("vocab_size"))
         run_engine = GuardedEngine(engine, timeout=plan.timeout, vocab_size=vocab)
         check_prompt_tokens(run_engine, pin)
-    replay = getattr(engine, "replay_routing", None)
-    if callable(replay):  # MoE: the engine may route as the oracle did (docs/guides/moe-routing.md)
-        replay(oracle_routing(pin.trace))
+    if isinstance(engine, ReplaysRouting):  # MoE: the engine may route as the oracle did (docs/guides/moe-routing.md)
+        engine.replay_routing(oracle_routing(pin.trace))
     top_k = pin.top_k
     header = candidate_header(whole, info, top_k)  # the whole suite's hash: shards merge back into it
     extra = dict(header.extra)

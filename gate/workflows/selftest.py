@@ -148,7 +148,7 @@ class SelftestRequest:
 def selftest_request(
     request: SelftestRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
 ) -> SelfTestResult:
-    from gate.engines.mutants import baseline_loader, mutations
+    from gate.workflows.mutants import baseline_loader, mutations
 
     opts = parse_engine_opts(request.engine_opts)
     pin = load_pin(request.pin_model(), request.pins_dir)

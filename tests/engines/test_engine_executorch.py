@@ -45,7 +45,7 @@ def tiny(llama_path: Path, cache_dir: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def oracle(llama_path: Path) -> Any:
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
 
     return HFEngine(str(llama_path), dtype="float32")
 
@@ -95,7 +95,7 @@ def test_a_new_prompt_reads_nothing_of_the_previous_ones_cache(tiny: Any) -> Non
 
 
 def test_the_header_names_the_program_and_the_weights_it_came_from(tiny: Any, llama_path: Path) -> None:
-    from gate.models.onnx import source_hashes
+    from gate.models.hashing import source_hashes
 
     info = tiny.info()
     assert info["name"] == "executorch" and info["executorch"] == info["version"]
@@ -224,7 +224,7 @@ def test_the_default_model_gets_a_verdict_through_gate_run(default_fp32: Any, tm
 @pytest.mark.slow
 def test_the_default_program_forces_its_own_tokens_bit_for_bit(default_fp32: Any) -> None:
     from gate.models.default import materialize_default
-    from gate.models.onnx import source_hashes
+    from gate.models.hashing import source_hashes
 
     engine = default_fp32
     info = engine.info()

@@ -20,9 +20,9 @@ from helpers.gate_cli import invoke
 
 from gate.core.engine import PromptInput
 from gate.core.traces.trace import read_trace
-from gate.engines.llama_server import LlamaServerDialect
-from gate.engines.openai import OpenAIEngine
-from gate.engines.server import HTTP_OPTIONS, connect
+from gate.engines.http.llama_server import LlamaServerDialect
+from gate.engines.http.openai import OpenAIEngine
+from gate.engines.http.server import HTTP_OPTIONS, connect
 from gate.errors import EngineError, InputError
 
 PROMPT = PromptInput("p0", (11, 12, 13), 4)

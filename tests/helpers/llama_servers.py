@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from gate.engines.llama_server_process import find_binary
+from gate.engines.http.llama_server_process import find_binary
 from gate.errors import InputError
 from helpers.vllm_server import free_port
 

@@ -116,3 +116,34 @@ def write(path: Path, head: dict[str, Any], records: Iterable[dict[str, Any]]) -
         for r in records:
             fh.write(orjson.dumps(r) + b"\n")
     return path
+
+
+def ten_flips() -> dict[tuple[int, int], bool]:
+    """The first ten oracle positions beyond 125 mnats but within two steps of their logit's grid."""
+    out: dict[tuple[int, int], bool] = {}
+    for p, rec in enumerate(oracle_dicts()):
+        for i in range(len(rec["token_ids"])):
+            # Beyond the 125 mnats, within the grid rule's 2 steps of the logit's own grid.
+            if 0.125 < gap(rec, i) <= 2 * own_step(rec, i) and len(out) < 10:
+                out[(p, i)] = True
+    assert len(out) == 10
+    return out
+
+
+def flipped(empty: bool) -> Any:
+    """A candidate flipping at exactly `ten_flips()`, its own lists calling each flip a clear
+    choice (or, `empty`, no lists at those positions)."""
+    flips = ten_flips()
+
+    def own(p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> list[list[Any]]:
+        if (p, i) not in flips:
+            return [list(x) for x in top]
+        (t0, lp0), (t1, _), *rest = top
+        # Its own list: the runner-up 5 units ahead of the oracle's token, a clear choice.
+        mine = resort([[t0, lp0 - 5 * unit(rec, i)], [t1, lp0], *rest])
+        return [] if empty else mine
+
+    def choose(p: int, rec: dict[str, Any], i: int, top: list[list[Any]]) -> int | None:
+        return int(rec["top_logprobs"][i][1][0]) if (p, i) in flips else None
+
+    return candidate(own, choose=choose, only_forced_flips=True)

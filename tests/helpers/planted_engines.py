@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from gate.engines.hf import HFEngine
-from gate.engines.mutants import decoder_layers
+from gate.engines.hf.engine import HFEngine
+from gate.engines.hf.layers import decoder_layers
 
 
 class AttentionBug(HFEngine):

@@ -35,7 +35,7 @@ def build_tiny_pin(root: Path) -> tuple[Path, Path]:
     from gate.core.pins.oracle_settings import OracleSettings
     from gate.core.pins.pin import PinFolder, write_pin
     from gate.core.pins.suite import Suite, SuitePrompt
-    from gate.engines.hf import HFEngine
+    from gate.engines.hf.engine import HFEngine
     from gate.workflows.pin_record import record_oracle
     from helpers.tiny_models import build_tiny_llama
 

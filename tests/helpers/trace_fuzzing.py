@@ -1,5 +1,5 @@
 """Fuzzing inputs for the trace reader, shared by `scripts/fuzz_trace.py` (millions of
-inputs from a seeded `random.Random`, or atheris) and `tests/test_fuzz_trace.py`
+inputs from a seeded `random.Random`, or atheris) and `tests/core/test_trace_fuzzing.py`
 (hypothesis drives the same functions through `st.randoms()`, so it shrinks what fails).
 
 Valid traces are generated, then mutated the ways files really break and the ways a fuzzer

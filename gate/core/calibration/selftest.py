@@ -2,7 +2,7 @@
 injected into an engine, and as what?
 
 The run is `gate.workflows.selftest`; the faults themselves live with the engines
-(`gate.engines.mutants`) and arrive as `Mutation`s that build an engine. No torch here.
+(`gate.workflows.mutants`) and arrive as `Mutation`s that build an engine. No torch here.
 
 For a pin, the unmutated engine first records a *reference*: its own free run over the
 pinned prompts, taken as an oracle trace. Each mutated engine then runs the same prompts

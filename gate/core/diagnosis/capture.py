@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,3 +120,48 @@ def capture_from_arrays(arrays: Mapping[str, np.ndarray]) -> Capture:
         )
         i += 1
     return Capture(str(arrays["path"]), int(arrays["context_length"]), tuple(tensors))
+
+
+def activations_of(capture: Capture, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """A capture as `CapturesActivations.capture_activations` answers: module name -> its rows
+    [positions, features] (float32) for the points that hold every position of the context
+    (lm_head under `logits_to_keep=1` holds only the last), only those in `names` when given."""
+    wanted = None if names is None else set(names)
+    every = tuple(range(capture.context_length))
+    return {
+        t.point.module: t.values
+        for t in capture.tensors
+        if t.positions == every and (wanted is None or t.point.module in wanted)
+    }
+
+
+_IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.([^.]+))?")
+
+
+def point_of_module(module: str, layer_count: int) -> Point | None:
+    """The capture point a transformers module name stands for (`model.layers.9` the residual
+    stream after layer 9, `model.layers.9.self_attn` its attention, `model.norm` the final
+    norm, ...), or None for a name that is none of gate's points."""
+    m = _IN_LAYER.search(module)
+    if m is not None:
+        layer, child = int(m.group(1)), (m.group(2) or "").lower()
+        rest = module[m.end() :].lower()
+        if not child:
+            return Point(layer, RESIDUAL, module)
+        if "norm" in child:
+            return Point(layer, NORM, module)
+        if "attn" in child or "attention" in child or child == "mixer":
+            return Point(layer, ATTENTION, module) if not rest else None
+        if rest.strip(".") in ("gate", "router"):
+            return Point(layer, ROUTER, module)
+        if "experts" in rest:
+            return None
+        return Point(layer, MLP, module) if not rest else None
+    lower = module.lower()
+    if "embed" in lower:
+        return Point(-1, EMBEDDING, module)
+    if lower.endswith("lm_head"):
+        return Point(layer_count, LM_HEAD, module)
+    if lower.endswith("norm"):
+        return Point(layer_count, FINAL_NORM, module)
+    return None

@@ -32,12 +32,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gate import __version__
 from gate.core.goldens.moves import GOLDEN_VERSION, GoldenMove
 from gate.core.pins.pin import Pin, check_model_id
 from gate.core.storage.files import data_roots, file_sha256, is_packaged, portable, portable_path
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace
 from gate.errors import InputError, TraceError
+from gate.version import __version__
 
 GOLDENS_DIRNAME = "goldens"
 ENV_GOLDENS_DIR = "GATE_GOLDENS_DIR"

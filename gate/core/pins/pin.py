@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate import __version__, install_line
 from gate.core.pins.oracle_settings import OracleSettings, read_settings
 from gate.core.pins.suite import Suite, read_suite
 from gate.core.storage.atomic import atomic_write
@@ -31,6 +30,7 @@ from gate.core.storage.files import data_roots, is_packaged, portable
 from gate.core.traces.trace import Trace, TraceHeader, encode_trace, read_trace
 from gate.core.verdict.doctrine import Doctrine, Overrides, header_doctrine, resolve_doctrine
 from gate.errors import InputError, PinError
+from gate.version import __version__, install_line
 
 PINS_DIRNAME = "oracle_pins"
 ENV_PINS_DIR = "GATE_PINS_DIR"
@@ -176,6 +176,12 @@ class Pin:
     @property
     def top_k(self) -> int:
         return self.trace.header.top_k
+
+    @property
+    def doctrine(self) -> Doctrine:
+        """The doctrine a judgement against this pin applies by default: the pin's own
+        (`doctrine_for` with no overrides), else the defaults."""
+        return doctrine_for(self)
 
     def provenance(self, key: str) -> Any:
         """A provenance value from the header, or from its engine object."""

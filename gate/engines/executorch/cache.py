@@ -26,13 +26,13 @@ from typing import Any
 
 import orjson
 
-from gate import install_line
 from gate.core.storage.files import gate_cache_dir
 from gate.engines.executorch.export import BACKEND, RECIPES
 from gate.errors import EngineError, InputError
-from gate.models.default import _publish
+from gate.models.default import publish_build
+from gate.models.hashing import source_hashes
 from gate.models.listing import check_listed_files, load_manifest
-from gate.models.onnx import source_hashes
+from gate.version import install_line
 
 PTE_NAME = "model.pte"
 PTE_MANIFEST = "gate-executorch-manifest.json"
@@ -95,7 +95,7 @@ def executorch_program(
     tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
     try:
         _build(src, tmp, recipe, max_seq_len, hashes)
-        _publish(tmp, target)
+        publish_build(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

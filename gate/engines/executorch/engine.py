@@ -62,7 +62,7 @@ from gate.engines.executorch.cache import PTE_NAME, executorch_program, read_pro
 from gate.engines.executorch.export import BACKEND, RECIPES
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
-from gate.models.onnx import source_hashes
+from gate.models.hashing import source_hashes
 
 
 def _quiet_import() -> Any:

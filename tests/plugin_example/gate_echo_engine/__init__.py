@@ -9,7 +9,11 @@ gate finds it by the entry point in pyproject.toml:
     [project.entry-points."gate.engines"]
     echo = "gate_echo_engine:EchoEngine"
 
-and builds it as `EchoEngine(model, **options)` with the `--engine-opt` strings.
+and builds it as `EchoEngine(model, **options)` with the `--engine-opt` strings. It imports
+only gate's two front doors: `gate.engine` (the plugin contract) and `gate` (the Python API,
+here for the trace reader). It has no `force` method (`gate.engine.ForcesDecode` is an
+optional capability): a replayed trace cannot be re-run on the oracle's tokens, so gate
+counts the positions after each prompt's first divergence as unadjudicated.
 """
 
 from __future__ import annotations
@@ -17,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
-from gate.core.traces.trace import PromptRecord, read_trace
-from gate.errors import InputError
+from gate import read_trace
+from gate.engine import InputError, PromptInput, PromptRecord, parse_options
 
 __version__ = "0.1.0"
 
@@ -71,11 +74,6 @@ class EchoEngine:
                 )
             )
         return out
-
-    def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
-        # A recorded trace cannot be re-run on the oracle's tokens: the runner then counts
-        # the positions after each first divergence as unadjudicated.
-        raise ForcedDecodeUnavailable(f"{self.trace.path}: a replayed trace has no forced decode")
 
     def encode(
         self, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None

@@ -1,0 +1,181 @@
+"""Capture for `gate diagnose` on the HF engine and every engine built on it: forward hooks on
+the engine's own model, so a subclass's changes (a replaced layer, a wrapped forward, a
+patched module) are what is read.
+
+Points (gate.core.diagnosis.capture): the input embedding (layer -1); in each decoder layer
+every direct child that is a norm, the attention (self_attn, linear_attn, ...), the MLP or
+MoE block (`experts` when the block has experts) and its router's logits, and the layer's
+output, the residual stream after it; then the final norm and lm_head (layer = the layer
+count). Their forward order is the order the hooks fire in. Every position of the context
+is kept: one prefill over it (path `prefill`), or one prefill over the prompt then one
+decode step per context token after it through the KV cache (path `decode`), through the
+engine's own `_prefill` and `_decode`, as its `force` does. A module that returns fewer
+rows than its forward's tokens (lm_head under `logits_to_keep=1`) holds the last ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from gate.core.diagnosis.capture import (
+    ATTENTION,
+    EMBEDDING,
+    EXPERTS,
+    FINAL_NORM,
+    LM_HEAD,
+    MLP,
+    NORM,
+    PATHS,
+    PREFILL,
+    RESIDUAL,
+    ROUTER,
+    Capture,
+    Point,
+    Tensor,
+    stack_rows,
+)
+from gate.engines.hf.layers import decoder_layers
+from gate.engines.hf.routing import find_routers
+from gate.errors import InputError
+
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer")
+MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
+
+
+def capture_points(model: Any) -> list[tuple[Point, Any]]:
+    """(point, module) for every module gate reads, in definition order (not forward order)."""
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = decoder_layers(model)
+    count = len(layers)
+    routers = {r.layer: r.module for r in find_routers(model)}
+    out: list[tuple[Point, Any]] = []
+    embed = model.get_input_embeddings()
+    if embed is not None:
+        out.append((Point(-1, EMBEDDING, names.get(id(embed), "embed_tokens")), embed))
+    for i, layer in enumerate(layers):
+        prefix = names.get(id(layer), f"layers.{i}")
+        for child_name, child in layer.named_children():
+            part = _part(child_name, child)
+            if part is not None:
+                out.append((Point(i, part, f"{prefix}.{child_name}"), child))
+        if i in routers:
+            out.append((Point(i, ROUTER, names.get(id(routers[i]), f"{prefix}.router")), routers[i]))
+        out.append((Point(i, RESIDUAL, prefix), layer))
+    final = _final_norm(model)
+    if final is not None:
+        out.append((Point(count, FINAL_NORM, names.get(id(final), "norm")), final))
+    head = model.get_output_embeddings()
+    if head is not None:
+        out.append((Point(count, LM_HEAD, names.get(id(head), "lm_head")), head))
+    return out
+
+
+def _part(name: str, module: Any) -> str | None:
+    lower = name.lower()
+    if "norm" in lower:
+        return NORM
+    if lower in ATTENTION_NAMES:
+        return ATTENTION
+    if lower in MLP_NAMES:
+        return EXPERTS if hasattr(module, "experts") else MLP
+    return None
+
+
+def _final_norm(model: Any) -> Any | None:
+    inner = getattr(model, "model", None)
+    for owner in (inner, getattr(inner, "language_model", None), model):
+        norm = getattr(owner, "norm", None) if owner is not None else None
+        if isinstance(norm, torch.nn.Module):
+            return norm
+    return None
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        for item in output:
+            if isinstance(item, torch.Tensor):
+                return item
+        return None
+    logits = getattr(output, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+class CaptureHooks:
+    """Forward hooks on every capture point of one model; `begin(start, n)` before each forward
+    says which context positions its n input tokens are."""
+
+    def __init__(self, model: Any) -> None:
+        self.points = capture_points(model)
+        self.start = 0
+        self.tokens = 0
+        self.order: list[int] = []  # point indexes in the order they first fired
+        self.rows: dict[int, list[tuple[int, np.ndarray]]] = {}
+        self.handles = [m.register_forward_hook(self._hook(i)) for i, (_, m) in enumerate(self.points)]
+
+    def begin(self, start: int, tokens: int) -> None:
+        self.start, self.tokens = start, tokens
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _hook(self, index: int) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            t = _first_tensor(output)
+            if t is None or t.ndim == 0:
+                return
+            flat = t.detach().reshape(-1, t.shape[-1]) if t.ndim > 1 else t.detach().reshape(1, -1)
+            k = int(flat.shape[0])
+            if k > self.tokens:  # a module called over more rows than tokens: not per position
+                return
+            if index not in self.rows:
+                self.order.append(index)
+                self.rows[index] = []
+            self.rows[index].append((self.start + self.tokens - k, flat.float().cpu().numpy()))
+
+        return hook
+
+    def capture(self, path: str, context_length: int) -> Capture:
+        tensors = []
+        for index in self.order:
+            positions, values = stack_rows(self.rows[index])
+            tensors.append(Tensor(self.points[index][0], positions, values))
+        return Capture(path=path, context_length=context_length, tensors=tuple(tensors))
+
+
+def capture_hf(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
+    """The engine's capture over `context_ids` (which starts with `prompt_ids`) through `path`."""
+    if path not in PATHS:
+        raise InputError(f"path {path!r}: expected prefill or decode")
+    if list(context_ids[: len(prompt_ids)]) != list(prompt_ids) or not prompt_ids:
+        raise InputError("the context must start with the (non-empty) prompt")
+    model = getattr(engine, "model", None)
+    if model is None or not hasattr(engine, "_prefill") or not hasattr(engine, "_decode"):
+        raise InputError(f"engine {getattr(engine, 'name', '?')!r} is not built on the HF engine: no capture")
+    start_routing = getattr(engine, "_start_routing", None)
+    if start_routing is not None:  # this prompt's routing state (the oracle's experts under routing=oracle)
+        start_routing(list(prompt_ids))
+    hooks = CaptureHooks(model)
+    try:
+        with torch.inference_mode():
+            if path == PREFILL:
+                hooks.begin(0, len(context_ids))
+                engine._prefill(list(context_ids))
+            else:
+                hooks.begin(0, len(prompt_ids))
+                _, cache = engine._prefill(list(prompt_ids))
+                for i in range(len(prompt_ids), len(context_ids)):
+                    hooks.begin(i, 1)
+                    _, cache = engine._decode(int(context_ids[i]), cache)
+    finally:
+        hooks.remove()
+    meta = {"engine": getattr(engine, "name", "hf"), "class": type(engine).__name__}
+    out = hooks.capture(path, len(context_ids))
+    return Capture(out.path, out.context_length, out.tensors, meta)
