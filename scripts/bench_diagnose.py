@@ -5,7 +5,10 @@ forward (one prefill) of the same context by the same candidate engine, in the s
 
 Peak memory is the process's resident set, sampled every 2 ms by a thread, during each step
 (the candidate already loaded before both); the diagnosis loads the reference (float32) and
-the honest engine (bfloat16) itself, and its time includes those loads and both paths.
+the honest engine (bfloat16) itself, and its time includes those loads and both paths. The
+breakdown is the diagnosis's own phases (gate.workflows.diagnose.Timings): loading the
+reference and the honest engine, each engine's captures (both paths together), and the
+comparison; "other" is what lies between them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+cpu: list[float] = []
+
 
 def rss() -> int:
     with open("/proc/self/statm") as fh:
@@ -24,7 +29,8 @@ def rss() -> int:
 
 
 def measured(fn: Callable[[], Any]) -> tuple[float, int, Any]:
-    """(seconds, peak RSS in bytes while it ran, its result)."""
+    """(seconds, peak RSS in bytes while it ran, its result); the process's CPU seconds in
+    `cpu[-1]` (on a shared machine they move less than wall time with the other jobs)."""
     peak = rss()
     done = threading.Event()
 
@@ -36,9 +42,10 @@ def measured(fn: Callable[[], Any]) -> tuple[float, int, Any]:
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     out = fn()
     seconds = time.perf_counter() - start
+    cpu.append(time.process_time() - start_cpu)
     done.set()
     t.join()
     return seconds, max(peak, rss()), out
@@ -50,7 +57,7 @@ def main() -> None:
     from gate.core.pins.pin import load_pin
     from gate.engines.hf.engine import HFEngine
     from gate.models.default import DEFAULT_MODEL
-    from gate.workflows.diagnose import diagnose_engine, target_given
+    from gate.workflows.diagnose import Timings, diagnose_engine, target_given
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--position", type=int, default=16)
@@ -69,13 +76,28 @@ def main() -> None:
 
     plain()  # warm
     base_s, base_peak, _ = measured(plain)
-    diag_s, diag_peak, d = measured(lambda: diagnose_engine(engine, target, engine.model_path, model=pin.model))
+    base_cpu = cpu[-1]
+    timings = Timings()
+    diag_s, diag_peak, d = measured(
+        lambda: diagnose_engine(engine, target, engine.model_path, model=pin.model, timings=timings)
+    )
     mib = 1 << 20
     print(f"model {DEFAULT_MODEL}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
     print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
-    print(f"plain forward (one prefill):   {base_s * 1000:8.1f} ms, peak RSS {base_peak / mib:7.0f} MiB")
-    print(f"one diagnosis (both paths):    {diag_s * 1000:8.1f} ms, peak RSS {diag_peak / mib:7.0f} MiB")
-    print(f"ratio: time {diag_s / base_s:.0f}x, peak memory {diag_peak / base_peak:.2f}x")
+    diag_cpu = cpu[-1]
+    rows = (
+        ("plain forward (one prefill):", base_s, base_peak, base_cpu),
+        ("one diagnosis:", diag_s, diag_peak, diag_cpu),
+    )
+    for what, s, peak, c in rows:
+        print(f"{what:30s} {s * 1000:8.1f} ms, cpu {c * 1000:8.1f} ms, peak RSS {peak / mib:5.0f} MiB")
+    other = ("other", diag_s - sum(timings.seconds.values()), diag_cpu - sum(timings.cpu_seconds.values()))
+    for phase, s, c in [*((k, v, timings.cpu_seconds[k]) for k, v in timings.seconds.items()), other]:
+        print(f"  {phase + ':':28s} {s * 1000:8.1f} ms, cpu {c * 1000:8.1f} ms ({c / base_cpu:5.1f}x the plain cpu)")
+    ratios = (
+        f"time {diag_s / base_s:.1f}x, cpu time {diag_cpu / base_cpu:.1f}x, peak memory {diag_peak / base_peak:.2f}x"
+    )
+    print(f"ratio: {ratios}")
     print(f"diagnosis: {d.summary}")
 
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 # The schedule knobs an engine may declare (`schedule_knobs`), and what each one means.
 # The value the invariance workflow sets is an integer, given as the option's string, except
-# `force_mode`'s, which is "prefill".
+# `force_mode`'s, which is "prefill", and `prefix_cache`'s, "1" (on) or "0" (off).
 SCHEDULE_KNOBS: Final[Mapping[str, str]] = {
     "batch_size": "prompts decoded together in one generate call (1: one at a time; 0: all at once)",
     "max_num_seqs": "the most sequences the engine's scheduler runs in one step",
@@ -59,6 +59,7 @@ SCHEDULE_KNOBS: Final[Mapping[str, str]] = {
     "chunked_prefill": "the most prompt tokens one prefill step computes (a long prompt is split)",
     "concurrency": "requests a client keeps in flight at once to a server",
     "force_mode": "how force computes fed positions: decode (a step per token) or prefill (one pass over them)",
+    "prefix_cache": "a prompt prefix cached by an earlier request is reused (1) or computed again (0)",
 }
 
 

@@ -8,28 +8,29 @@ a position read from a prefill, `forced_mode` "prefill": one prefill over the co
 - the honest engine, transformers in the candidate's working dtype (bfloat16), whose error
   against the reference at each point is that point's honest band;
 - the candidate, captured through its capability protocol (gate.core.engine): `capture_path`
-  through either path (the built-in hf, llamacpp and vllm engines), or `capture_activations`,
-  one pass over the context (the prefill path only; a plugin's simplest way in).
-The other path is run too where the candidate has it, to say which of the two shows the deviation.
+  through either path (the built-in hf, llamacpp and vllm engines), or its own named
+  activations: an engine with `capture_activations` (`CapturesActivations`: one pass over the
+  context, the prefill path) or a dump file (gate.workflows.activations); both are checked by
+  one function (gate.core.diagnosis.dump.named_capture).
+The other path is run too (for a built-in capture), to say which of the two shows the deviation.
 """
 
 from __future__ import annotations
 
-import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture, Tensor, point_of_module
+from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture
+from gate.core.diagnosis.dump import named_capture
 from gate.core.diagnosis.locate import compare_path
 from gate.core.diagnosis.metric import MARGIN, METRIC
 from gate.core.diagnosis.record import Diagnosis
 from gate.core.engine import CapturesActivations, CapturesPaths
 from gate.core.verdict.result import DEFECT, FORCED, GateResult
-from gate.errors import EngineError, InputError
+from gate.errors import EngineError, GateError, InputError
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
@@ -37,6 +38,36 @@ if TYPE_CHECKING:
 GIVEN = "given"  # the source of a position named on the command line
 # (prompt ids, context ids, path) -> the capture
 Capturer = Callable[[Sequence[int], Sequence[int], str], Capture]
+
+
+@dataclass(slots=True)
+class Timings:
+    """Wall and CPU seconds spent in each phase of a diagnosis (scripts/bench_diagnose.py
+    prints them)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start, start_cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + time.process_time() - start_cpu
+
+
+@dataclass(frozen=True, slots=True)
+class NamedActivations:
+    """A candidate that hands gate its activations by module name (a dump file, or a plugin's
+    `capture_activations`): `fetch(context ids, module names)` returns the arrays, checked
+    against the reference's capture of the same context; `error` is what a malformed array is
+    (InputError for a file, EngineError for an engine)."""
+
+    fetch: Callable[[Sequence[int], Sequence[str]], Mapping[str, Any]]
+    where: str
+    error: type[GateError] = InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +129,7 @@ def other(path: str) -> str:
 
 def diagnose(
     target: Target,
-    candidate: Capturer,
+    candidate: Capturer | NamedActivations,
     reference: Capturer,
     honest: Capturer,
     *,
@@ -107,16 +138,29 @@ def diagnose(
     engines: dict[str, Any] | None = None,
     model: str = "",
     notes: Sequence[str] = (),
+    timings: Timings | None = None,
 ) -> Diagnosis:
-    """Capture the three engines on the target's path (and the other path) and locate."""
+    """Capture the three engines on the target's path (and the other path) and locate. Named
+    activations are one capture, compared on the target's path only."""
     findings = {}
     layer_count = 0
-    for path in (target.path, other(target.path)) if both_paths else (target.path,):
-        ref = reference(target.prompt_ids, target.context_ids, path)
-        hon = honest(target.prompt_ids, target.context_ids, path)
-        cand = candidate(target.prompt_ids, target.context_ids, path)
+    clock = timings or Timings()
+    named = isinstance(candidate, NamedActivations)
+    for path in (target.path, other(target.path)) if both_paths and not named else (target.path,):
+        with clock.phase("reference capture"):
+            ref = reference(target.prompt_ids, target.context_ids, path)
+        with clock.phase("honest capture"):
+            hon = honest(target.prompt_ids, target.context_ids, path)
+        with clock.phase("candidate capture"):
+            if isinstance(candidate, NamedActivations):
+                names = [t.point.module for t in ref.tensors]
+                arrays = candidate.fetch(target.context_ids, names)
+                cand = named_capture(arrays, ref, candidate.where, error=candidate.error)
+            else:
+                cand = candidate(target.prompt_ids, target.context_ids, path)
         layer_count = ref.layer_count
-        findings[path] = compare_path(ref, hon, cand, margin=margin)
+        with clock.phase("comparison"):
+            findings[path] = compare_path(ref, hon, cand, margin=margin)
         del ref, hon, cand  # a capture of a large model is large: one path at a time
     return Diagnosis(
         prompt_id=target.prompt_id,
@@ -138,7 +182,7 @@ def diagnose(
 
 
 PATHS_KIND = "paths"  # `CapturesPaths`: the engine captures through either path
-ACTIVATIONS_KIND = "activations"  # `CapturesActivations`: one pass over the context
+NAMED_KIND = "named"  # `CapturesActivations`: its own named activations, one pass over the context
 
 
 def capture_kind(engine: object) -> str | None:
@@ -147,7 +191,7 @@ def capture_kind(engine: object) -> str | None:
     if isinstance(engine, CapturesPaths):
         return PATHS_KIND
     if isinstance(engine, CapturesActivations):
-        return ACTIVATIONS_KIND
+        return NAMED_KIND
     return None
 
 
@@ -155,16 +199,16 @@ def check_capturable(cls: type, name: str) -> None:
     """Refuse, before an engine loads, one that gate diagnose cannot capture."""
     if capture_kind(cls) is None:
         raise InputError(
-            f"gate diagnose cannot capture engine {name!r}: it implements neither capture_activations nor "
-            "capture_path (gate.engine.CapturesActivations; built in: hf and engines built on HFEngine, "
-            "llamacpp, vllm); docs/guides/diagnose.md says what ortgenai would need"
+            f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine), "
+            "llamacpp, vllm and any engine with capture_activations; for another engine, write its "
+            "activations to a file (--emit-context, then --candidate-activations: docs/reference/activation-dump.md)"
         )
 
 
 def capture_target(engine: object, target: Target) -> tuple[Target, tuple[str, ...]]:
     """The target as the engine can be captured, and a note when that changed it: an engine
     with `capture_activations` only computes one pass over the context, the prefill path."""
-    if capture_kind(engine) != ACTIVATIONS_KIND:
+    if capture_kind(engine) != NAMED_KIND:
         return target, ()
     note = (
         "the candidate is captured through its capture_activations (one pass over the context): the prefill path only"
@@ -172,56 +216,38 @@ def capture_target(engine: object, target: Target) -> tuple[Target, tuple[str, .
     return replace(target, path=PREFILL), (note,)
 
 
-def capturer_for(engine: Any) -> Capturer:
-    """The capture of a loaded candidate engine, through its capability protocol."""
+def capturer_for(engine: Any) -> Capturer | NamedActivations:
+    """The capture adapter for a loaded candidate engine."""
     kind = capture_kind(engine)
+    if kind == NAMED_KIND:
+        where = f"engine {getattr(engine, 'name', type(engine).__name__)!r} capture_activations"
+        from gate.workflows.engine_calls import engine_call
+
+        def fetch(ids: Sequence[int], names: Sequence[str]) -> Mapping[str, Any]:
+            call = lambda: engine.capture_activations(list(ids), list(names))  # noqa: E731
+            return engine_call(engine, "capture_activations", call)
+
+        return NamedActivations(fetch, where, EngineError)
     if kind == PATHS_KIND:
         return lambda p, c, path: engine.capture_path(p, c, path)
-    if kind == ACTIVATIONS_KIND:
-        return lambda p, c, path: capture_from_activations(engine, c, path)
     check_capturable(type(engine), str(getattr(engine, "name", type(engine).__name__)))
     raise AssertionError("unreachable")
 
 
-def capture_from_activations(engine: CapturesActivations, context_ids: Sequence[int], path: str) -> Capture:
-    """A `CapturesActivations` engine's answer as a capture: each module name it returns that
-    names one of gate's points, its rows checked ([positions, features], one per position)."""
-    if path != PREFILL:
-        raise InputError(f"an engine captured through capture_activations has the prefill path only, not {path}")
-    name = str(getattr(engine, "name", type(engine).__name__))
-    answer = engine.capture_activations(list(context_ids))
-    if not isinstance(answer, Mapping):
-        raise EngineError(f"engine {name!r}: capture_activations returned {type(answer).__name__}, not a mapping")
-    n = len(context_ids)
-    layer_count = 1 + max((int(m.group(1)) for k in answer for m in [_RESIDUAL.search(str(k))] if m), default=-1)
-    tensors = []
-    for module, raw in answer.items():
-        point = point_of_module(str(module), layer_count)
-        if point is None:
-            continue
-        values = np.asarray(raw, dtype=np.float32)
-        if values.ndim != 2 or values.shape[0] != n:
-            raise EngineError(
-                f"engine {name!r}: capture_activations[{module!r}] has shape {tuple(values.shape)}; "
-                f"expected [{n} positions, features]"
-            )
-        tensors.append(Tensor(point, tuple(range(n)), values))
-    meta = {"engine": name, "class": type(engine).__name__, "capture": "capture_activations"}
-    return Capture(path=PREFILL, context_length=n, tensors=tuple(tensors), meta=meta)
-
-
-_RESIDUAL = re.compile(r"(?:^|\.)layers\.(\d+)$")
-
-
 @contextmanager
-def reference_engines(model_path: str, *, honest_dtype: str = "bfloat16") -> Iterator[tuple[Any, Any]]:
+def reference_engines(
+    model_path: str, *, honest_dtype: str = "bfloat16", timings: Timings | None = None
+) -> Iterator[tuple[Any, Any]]:
     """(reference, honest): transformers float32 and `honest_dtype` on the same weights."""
     from gate.engines.hf.engine import HFEngine
 
-    ref = HFEngine(model_path, dtype="float32")
+    clock = timings or Timings()
+    with clock.phase("load reference and honest"):
+        ref = HFEngine(model_path, dtype="float32")
     hon: HFEngine | None = None
     try:
-        hon = HFEngine(model_path, dtype=honest_dtype)
+        with clock.phase("load reference and honest"):
+            hon = HFEngine(model_path, dtype=honest_dtype)
         yield ref, hon
     finally:
         ref.close()
@@ -238,29 +264,66 @@ def diagnose_engine(
     margin: float = MARGIN,
     model: str = "",
     notes: Sequence[str] = (),
+    timings: Timings | None = None,
 ) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
+    return diagnose_candidate(
+        capturer_for(engine),
+        _describe(engine),
+        target,
+        model_path,
+        honest_dtype=honest_dtype,
+        margin=margin,
+        model=model,
+        notes=notes,
+        timings=timings,
+    )
+
+
+def diagnose_candidate(
+    candidate: Capturer | NamedActivations,
+    described: dict[str, Any],
+    target: Target,
+    model_path: str,
+    *,
+    honest_dtype: str = "bfloat16",
+    margin: float = MARGIN,
+    model: str = "",
+    notes: Sequence[str] = (),
+    timings: Timings | None = None,
+) -> Diagnosis:
+    """Diagnose a candidate (a capture adapter, or named activations) at `target`, the
+    reference and the band from `model_path`.
+
+    The reference is captured once, by one float32 prefill over the context with every
+    position's logits, and stands for both paths: float32's own decode path differs from its
+    prefill by rounding far below the band's floor (4.6e-6 relative at worst on the default
+    model against BAND_FLOOR's 3.9e-3; tests/workflows/test_diagnose_reference_once.py), while
+    its decode path costs a forward per context token."""
     from gate.engines.hf.capture import capture_hf
 
-    candidate = capturer_for(engine)
-    target, capture_notes = capture_target(engine, target)
-    both_paths = capture_kind(engine) == PATHS_KIND
-    with reference_engines(model_path, honest_dtype=honest_dtype) as (ref, hon):
-        engines = {
-            "candidate": _describe(engine),
-            "reference": _describe(ref),
-            "honest": _describe(hon),
-        }
+    clock = timings or Timings()
+    once: dict[str, Capture] = {}
+
+    def reference(prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
+        if "capture" not in once:
+            once["capture"] = capture_hf(ref, prompt_ids, context_ids, PREFILL, all_logits=True)
+        held = once["capture"]
+        return Capture(path, held.context_length, held.tensors, held.meta)
+
+    with reference_engines(model_path, honest_dtype=honest_dtype, timings=clock) as (ref, hon):
         return diagnose(
             target,
             candidate,
-            lambda p, c, path: capture_hf(ref, p, c, path),
-            lambda p, c, path: capture_hf(hon, p, c, path),
+            reference,
+            # Every position's logits on the prefill path too, so lm_head's band covers every
+            # row a candidate may bring (a dump's lm_head has them all).
+            lambda p, c, path: capture_hf(hon, p, c, path, all_logits=path == PREFILL),
             margin=margin,
-            both_paths=both_paths,
-            engines=engines,
+            engines={"candidate": described, "reference": _describe(ref), "honest": _describe(hon)},
             model=model,
-            notes=(*notes, *(n for n in capture_notes if n not in notes)),
+            notes=notes,
+            timings=clock,
         )
 
 

@@ -37,6 +37,8 @@ class DiagnoseRequest:
     path: str | None = None
     honest_dtype: str = "bfloat16"
     pins_dir: Path | None = None
+    emit_context: Path | None = None  # write the context an engine gate does not drive is to dump
+    candidate_activations: Path | None = None  # that engine's dump, diagnosed
 
     def pin_model(self) -> str:
         return self.model or default_model()

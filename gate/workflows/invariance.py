@@ -15,7 +15,10 @@ where the engine declares the knob (`HasScheduleKnobs`, `gate.core.engine`):
   llama.cpp's micro-batch `n_ubatch`);
 - forced_decode: the engine teacher-forced along its own baseline tokens (`force`, its own
   path: a decode step per token on the engine that decodes) against its free run;
-- prefill: the same through one prefill pass (`force_mode=prefill`).
+- prefill: the same through one prefill pass (`force_mode=prefill`);
+- prefix_cache: the prompts served with their prefix cached (`prefix_cache` 1: each batch of
+  prompts served once to fill the cache, then again, the second run judged) against the
+  baseline's cold cache (`prefix_cache` 0 in the baseline where the engine declares the knob).
 
 Every run is a free run (the forced cells excepted): each schedule's verdict against the pin
 leaves the positions after a prompt's first divergence from the pin unadjudicated, as
@@ -62,7 +65,10 @@ CELLS = (
     "chunked_prefill",
     "forced_decode",
     "prefill",
+    "prefix_cache",
 )
+
+_ON = frozenset({"1", "true", "yes", "on"})
 
 # Cells run under the baseline's options, on the baseline's engine.
 _BASELINE_OPTIONS = frozenset({"repeat", "shuffle", "forced_decode"})
@@ -168,6 +174,12 @@ def run_invariance(
         base_opts[knobs["concurrency"]] = "1"
     if "concurrency" in knobs:
         base_knobs["concurrency"] = base_opts[knobs["concurrency"]]
+    # The baseline's cache starts cold for every prompt, so that the prefix_cache cell is the
+    # one cell that reuses a prefix, unless asked otherwise.
+    if "prefix_cache" in knobs and knobs["prefix_cache"] not in user:
+        base_opts[knobs["prefix_cache"]] = "0"
+    if "prefix_cache" in knobs:
+        base_knobs["prefix_cache"] = base_opts[knobs["prefix_cache"]]
     runner = _Runner(pin=pin, load=load, name=engine_name, progress=progress)
     prompts = prompt_inputs(pin)
     try:
@@ -270,6 +282,8 @@ def _cell(
         if knob is None:
             return not_run(schedule, "the engine states no chunked_prefill or n_ubatch knob")
         return free_cell(schedule, with_knob(knob, plan.chunk), prompts, step)
+    if cell == "prefix_cache":
+        return _prefix_cached(runner, knobs, base, prompts, step, baseline, doctrine)
     if cell == "forced_decode":
         schedule = Schedule("forced_decode", {}, "forced along its own tokens against its free run")
         return _forced(runner, base, baseline, doctrine, schedule)
@@ -311,6 +325,37 @@ def _free(runner: _Runner, opts: Mapping[str, str], order: Sequence[PromptInput]
     rank = {r.id: i for i, r in enumerate(pin.trace.records)}
     records.sort(key=lambda r: rank[r.id])
     return _trace(runner, records, what)
+
+
+def _prefix_cached(
+    runner: _Runner,
+    knobs: Mapping[str, str],
+    base: Mapping[str, str],
+    prompts: Sequence[PromptInput],
+    step: int,
+    baseline: Trace,
+    doctrine: Doctrine,
+) -> CellResult:
+    """Each batch of prompts served twice with the prefix cache on: the first call fills the
+    cache (and may itself reuse an earlier prompt's prefix), the second finds each prompt's
+    own prefix cached; the second is judged against the cold baseline."""
+    schedule = Schedule("prefix_cache", {"prefix_cache": 1}, "each prompt again with its prefix cached, against cold")
+    if "prefix_cache" not in knobs:
+        return not_run(schedule, "the engine states no prefix_cache knob (no cache it reuses across requests)")
+    if str(base.get(knobs["prefix_cache"], "0")).strip().lower() in _ON:
+        return not_run(schedule, "the baseline already reuses the prefix cache: no cold run to compare with")
+    engine = runner.engine_with({**base, knobs["prefix_cache"]: "1"})
+    runner.progress.phase("prefix_cache", 2 * len(prompts))
+    records: list[PromptRecord] = []
+    for start in range(0, len(prompts), step):
+        batch = prompts[start : start + step]
+        generate(engine, batch, runner.pin.top_k)  # fills the cache
+        runner.progress.advance(len(batch))
+        records.extend(generate(engine, batch, runner.pin.top_k))
+        runner.progress.advance(len(batch))
+    rank = {r.id: i for i, r in enumerate(runner.pin.trace.records)}
+    records.sort(key=lambda r: rank[r.id])
+    return _judged(baseline, _trace(runner, records, "prefix_cache"), doctrine, schedule, runner)
 
 
 def _trace(runner: _Runner, records: Sequence[PromptRecord], what: str) -> Trace:

@@ -203,3 +203,23 @@ def test_gate_runs_hint_names_the_first_defect_and_its_path(tmp_path: Path) -> N
     # A pass prints no hint.
     passing = replace(result, divergences=(), prompts=tuple(replace(p, strict=True) for p in result.prompts))
     assert diagnose_hint(passing, model="m/x", engine="hf", engine_opts=None) is None
+
+
+def test_the_candidate_is_judged_at_the_rows_its_band_covers() -> None:
+    """A dump holds lm_head at every position; the honest engine's own prefill keeps the
+    last: the candidate's worst row must not be set against a band of one row."""
+    import numpy as np
+
+    from gate.core.diagnosis.capture import LM_HEAD, PREFILL, Capture, Point, Tensor
+    from gate.core.diagnosis.locate import compare_path
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(6, 16)).astype(np.float32)
+    noisy = (ref * (1 + rng.normal(scale=1e-2, size=ref.shape))).astype(np.float32)
+    noisy[:5] *= 2  # rows the band does not cover: not judged against it
+    point = Point(2, LM_HEAD, "lm_head")
+    reference = Capture(PREFILL, 6, (Tensor(point, tuple(range(6)), ref),))
+    honest = Capture(PREFILL, 6, (Tensor(point, (5,), ref[5:] * np.float32(1 + 2**-7)),))
+    candidate = Capture(PREFILL, 6, (Tensor(point, tuple(range(6)), noisy),))
+    row = compare_path(reference, honest, candidate).layers[0]
+    assert row.position == 5 and row.error < 0.05

@@ -136,7 +136,8 @@ def test_bad_llama_server_options_are_input_errors(options: dict[str, str], prob
 
 def test_the_schedule_knobs_name_options_the_engines_take() -> None:
     assert OpenAIEngine.schedule_knobs == {"concurrency": "concurrency"}
-    assert set(LlamaServerEngine.schedule_knobs) == {"concurrency", "threads", "n_batch", "n_ubatch"}
+    assert set(LlamaServerEngine.schedule_knobs) == {"concurrency", "threads", "n_batch", "n_ubatch", "prefix_cache"}
+    assert LlamaServerEngine.schedule_knobs["prefix_cache"] == "cache_prompt"
 
 
 class _Vocab(TextCompletionsDialect):

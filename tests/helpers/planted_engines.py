@@ -114,3 +114,61 @@ class RouterBug(HFEngine):
         super().__init__(model, **options)
         with torch.no_grad():
             decoder_layers(self.model)[int(layer)].mlp.gate.weight.mul_(3.0)
+
+
+class OwnActivationsMLPBug(HFEngine):
+    """An engine that hands gate its own activations (`capture_activations`, the plugin
+    contract's capture capability) rather than being hooked: one layer's MLP output scaled by
+    `factor` (1: honest), its modules read by name over one forward of the whole context."""
+
+    name = "planted-own-activations"
+
+    def __init__(self, model: str, *, layer: str | int = 1, factor: str | float = 2.0, **options: Any) -> None:
+        super().__init__(model, **options)
+        if float(factor) != 1.0:
+            mlp = decoder_layers(self.model)[int(layer)].mlp
+            mlp.register_forward_hook(lambda m, a, out: out * float(factor))
+
+    def capture_activations(self, context_token_ids: Any, names: Any = None) -> dict[str, Any]:
+        rows: dict[str, Any] = {}
+        handles = []
+        for name in names or ():
+
+            def keep(m: Any, a: Any, out: Any, name: str = name) -> None:
+                t = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+                rows[name] = t.detach().float().reshape(-1, t.shape[-1]).numpy().copy()
+
+            handles.append(self.model.get_submodule(name).register_forward_hook(keep))
+        try:
+            with torch.inference_mode():
+                self.model(input_ids=torch.tensor([list(context_token_ids)]), logits_to_keep=0)
+        finally:
+            for h in handles:
+                h.remove()
+        return rows
+
+
+class StalePrefixCacheBug(HFEngine):
+    """A prefix cache that reuses a kept prompt's KV cache without cutting it back to the
+    common prefix: the new prompt's rest is appended after the old prompt's tail (a
+    serving engine's classic cache bug). Honest whenever the prefix cache is off."""
+
+    name = "planted-stale-prefix-cache"
+
+    def _prefill(self, prompt_ids: Any) -> Any:
+        import copy
+
+        store = self.prefix_store
+        if store is None:
+            return super()._prefill(prompt_ids)
+        prompt = tuple(int(t) for t in prompt_ids)
+        n, held = store.longest(prompt)
+        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        if held is None:
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        else:
+            rest = ids[:, n:]
+            out = self.model(input_ids=rest, past_key_values=copy.deepcopy(held), use_cache=True, logits_to_keep=1)
+            store.hits += 1
+        store.keep(prompt, copy.deepcopy(out.past_key_values))
+        return out.logits[0, -1], out.past_key_values

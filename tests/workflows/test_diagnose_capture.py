@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gate.core.diagnosis.capture import ATTENTION, DECODE, EMBEDDING, FINAL_NORM, MLP, NORM, PREFILL, RESIDUAL
+from gate.core.diagnosis.capture import DECODE, PREFILL
 from gate.engine import CapturesActivations
 from gate.errors import EngineError, InputError
 from gate.workflows.diagnose import (
-    ACTIVATIONS_KIND,
+    NAMED_KIND,
     PATHS_KIND,
+    NamedActivations,
     Target,
-    capture_from_activations,
     capture_kind,
     capture_target,
     capturer_for,
@@ -65,7 +65,7 @@ class Paths:
 
 
 def test_the_kind_comes_from_the_protocols_not_the_class_name() -> None:
-    assert capture_kind(Activations) == capture_kind(Activations()) == ACTIVATIONS_KIND
+    assert capture_kind(Activations) == capture_kind(Activations()) == NAMED_KIND
     assert isinstance(Activations(), CapturesActivations)
     assert capture_kind(Paths) == PATHS_KIND
     assert capture_kind(HFEngine) is None
@@ -74,38 +74,17 @@ def test_the_kind_comes_from_the_protocols_not_the_class_name() -> None:
     assert capturer_for(Paths())((5,), CONTEXT, DECODE) == ("captured", CONTEXT, DECODE)
 
 
-def test_an_activations_engine_is_captured_on_the_prefill_path() -> None:
+def test_an_activations_engine_is_captured_on_the_prefill_path_by_name() -> None:
     engine = Activations()
     target = Target("p", 2, "given", DECODE, (5, 6), CONTEXT)
     moved, notes = capture_target(engine, target)
     assert moved.path == PREFILL and notes and "capture_activations" in notes[0]
     assert capture_target(Paths(), target) == (target, ())
-    cap = capturer_for(engine)((5, 6), CONTEXT, PREFILL)
-    assert engine.asked == [(list(CONTEXT), None)]
-    assert cap.path == PREFILL and cap.context_length == 4
-    points = {t.point.module: (t.point.layer, t.point.part) for t in cap.tensors}
-    assert points == {
-        "model.embed_tokens": (-1, EMBEDDING),
-        "model.layers.0.input_layernorm": (0, NORM),
-        "model.layers.0.self_attn": (0, ATTENTION),
-        "model.layers.0.mlp": (0, MLP),
-        "model.layers.0": (0, RESIDUAL),
-        "model.layers.1": (1, RESIDUAL),
-        "model.norm": (2, FINAL_NORM),
-    }
-    assert all(t.positions == (0, 1, 2, 3) and t.values.dtype == np.float32 for t in cap.tensors)
-    with pytest.raises(InputError, match="prefill path only"):
-        capture_from_activations(engine, CONTEXT, DECODE)
-
-
-@pytest.mark.parametrize(
-    ("answer", "message"),
-    [
-        ({"model.layers.0": np.ones((3, 2))}, r"shape \(3, 2\); expected \[4 positions"),
-        ({"model.layers.0": np.ones(4)}, r"shape \(4,\)"),
-        ([1, 2], "not a mapping"),
-    ],
-)
-def test_a_wrong_answer_is_the_engines_failure(answer: Any, message: str) -> None:
-    with pytest.raises(EngineError, match=message):
-        capture_from_activations(Activations(answer), CONTEXT, PREFILL)
+    # One path for a plugin and a dump file: the engine's named arrays, fetched for the
+    # reference's module names and checked by the one function (dump.named_capture).
+    named = capturer_for(engine)
+    assert isinstance(named, NamedActivations) and named.error is EngineError
+    names = ["model.layers.0.mlp", "model.layers.1"]
+    arrays = named.fetch(CONTEXT, names)
+    assert engine.asked == [(list(CONTEXT), names)]
+    assert set(arrays) >= set(names)

@@ -4,7 +4,7 @@ its honest band by more than the margin."""
 
 from __future__ import annotations
 
-from gate.core.diagnosis.capture import Capture, aligned
+from gate.core.diagnosis.capture import Capture, Tensor, aligned
 from gate.core.diagnosis.metric import MARGIN, band, point_error, ratio
 from gate.core.diagnosis.record import LayerError, PathFinding
 
@@ -14,7 +14,10 @@ def compare_path(reference: Capture, honest: Capture, candidate: Capture, *, mar
 
     A point the honest engine lacks gets the band floor; a point the candidate lacks (a
     skipped layer's attention, say) is listed in `missing` and not compared: the layer's
-    residual stream still is. The first point past `margin` times its band is the finding.
+    residual stream still is. Where the honest engine has the point, the candidate is judged
+    at the positions it has too, so an error and its band are the worst of the same rows (a
+    dump holds lm_head at every position, an engine's own prefill keeps the last). The first
+    point past `margin` times its band is the finding.
     """
     if not (reference.path == honest.path == candidate.path):
         raise ValueError(f"paths differ: {reference.path}, {honest.path}, {candidate.path}")
@@ -29,12 +32,14 @@ def compare_path(reference: Capture, honest: Capture, candidate: Capture, *, mar
         if cand is None or cand.values.shape[1] != ref.values.shape[1]:
             missing.append(module)
             continue
+        hon = honest_by.get(module)
+        if hon is not None and hon.values.shape[1] == ref.values.shape[1]:
+            cand = within(cand, hon.positions)
         positions, r, c = aligned(ref, cand)
         if not positions:
             missing.append(module)
             continue
         err = point_error(positions, r, c)
-        hon = honest_by.get(module)
         if hon is not None and hon.values.shape[1] == ref.values.shape[1]:
             hp, hr, hv = aligned(ref, hon)
             honest_err = point_error(hp, hr, hv).error
@@ -54,3 +59,12 @@ def compare_path(reference: Capture, honest: Capture, candidate: Capture, *, mar
         if first is None and row.ratio > margin:
             first = row
     return PathFinding(path=reference.path, layers=tuple(rows), first=first, missing=tuple(missing))
+
+
+def within(t: Tensor, positions: tuple[int, ...]) -> Tensor:
+    """`t`'s rows at `positions` only (itself when it has no others)."""
+    keep = set(positions)
+    if all(p in keep for p in t.positions):
+        return t
+    rows = [i for i, p in enumerate(t.positions) if p in keep]
+    return Tensor(t.point, tuple(t.positions[i] for i in rows), t.values[rows])

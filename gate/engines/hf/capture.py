@@ -150,8 +150,12 @@ class CaptureHooks:
         return Capture(path=path, context_length=context_length, tensors=tuple(tensors))
 
 
-def capture_hf(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
-    """The engine's capture over `context_ids` (which starts with `prompt_ids`) through `path`."""
+def capture_hf(
+    engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int], path: str, *, all_logits: bool = False
+) -> Capture:
+    """The engine's capture over `context_ids` (which starts with `prompt_ids`) through `path`.
+    With `all_logits`, the prefill path keeps lm_head's rows at every position (the engine's
+    own prefill keeps the last), so one prefill capture can stand for either path."""
     if path not in PATHS:
         raise InputError(f"path {path!r}: expected prefill or decode")
     if list(context_ids[: len(prompt_ids)]) != list(prompt_ids) or not prompt_ids:
@@ -165,7 +169,12 @@ def capture_hf(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int
     hooks = CaptureHooks(model)
     try:
         with torch.inference_mode():
-            if path == PREFILL:
+            if path == PREFILL and all_logits:
+                hooks.begin(0, len(context_ids))
+                ids = torch.tensor([list(context_ids)], dtype=torch.long, device=engine.device)
+                engine._seq = 0
+                engine._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=0)
+            elif path == PREFILL:
                 hooks.begin(0, len(context_ids))
                 engine._prefill(list(context_ids))
             else:

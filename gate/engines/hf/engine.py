@@ -18,7 +18,9 @@ of one `generate` call together, left-padded to the longest with an attention ma
 position ids counted from each prompt's first real token), one forward per step for the
 whole batch; a batch of one, and the default `batch_size` 1, is the one-prompt loop above,
 unchanged. `prefill_chunk` C > 0 prefills a prompt C tokens at a time through the KV cache
-(a chunked prefill). `force_mode=prefill` computes a forced decode in one forward over the
+(a chunked prefill). `prefix_cache` keeps the KV cache of the last prompts prefilled and
+reuses a new prompt's longest cached prefix, computing only the rest
+(`gate.engines.hf.schedules.PrefixCache`). `force_mode=prefill` computes a forced decode in one forward over the
 prompt and the fed tokens instead of a decode step per token.
 
 Options (`--engine-opt key=value`): device (cpu, cuda, cuda:N, mps, xpu; default cpu),
@@ -27,7 +29,8 @@ trust_remote_code (default false), revision, attn_implementation (e.g. eager, sd
 threads (torch's intra-op threads for the whole process; default torch's choice, one per
 core: on a machine shared with other jobs, 1 avoids OpenMP spinning against them, which
 measured 7x slower per token with 2 threads on 2 busy cores), batch_size (default 1),
-prefill_chunk (default 0: the whole prompt in one forward), force_mode (decode, prefill).
+prefill_chunk (default 0: the whole prompt in one forward), force_mode (decode, prefill),
+prefix_cache (default false).
 
 MoE models (docs/guides/moe-routing.md): forward hooks on the routers (`gate.engines.hf.routing`,
 installed only when the model has MoE routers) record each input token's experts and
@@ -63,7 +66,7 @@ from gate.engines._common import (
 from gate.engines._common import stop_token_ids as _stop_token_ids
 from gate.engines._machine import host_machine
 from gate.engines.hf.routing import SOFTMAX, RouterHooks, find_routers
-from gate.engines.hf.schedules import force_prefill, generate_batch, prefill_chunked
+from gate.engines.hf.schedules import PrefixCache, force_prefill, generate_batch, prefill_cached, prefill_chunked
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -81,6 +84,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "batch_size": (int, 1),
     "prefill_chunk": (int, 0),
     "force_mode": (str, "decode"),
+    "prefix_cache": (bool, False),
 }
 FORCE_MODES = ("decode", "prefill")
 ROUTING_MODES = ("own", "oracle")
@@ -119,6 +123,7 @@ class HFEngine(TokenizerMethods):
         "threads": "threads",
         "chunked_prefill": "prefill_chunk",
         "force_mode": "force_mode",
+        "prefix_cache": "prefix_cache",
     }
 
     def __init__(self, model: str, **options: Any) -> None:
@@ -160,6 +165,7 @@ class HFEngine(TokenizerMethods):
         self.router_hooks = self._routing_hooks(opts)
         if self.router_hooks is not None and self.batch_size != 1:
             raise InputError("--engine-opt batch_size: an MoE model's routing is recorded one prompt at a time (1)")
+        self.prefix_store = PrefixCache.for_options(opts, self.batch_size, self.router_hooks is not None)
         self.oracle_routing: Mapping[tuple[int, ...], Any] | None = None
         self._rows: list[Any] = []  # this prompt's routing so far: experts, then router top
         self._tops: list[Any] = []
@@ -287,6 +293,8 @@ class HFEngine(TokenizerMethods):
         C, the prompt goes C tokens a forward through the cache instead."""
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
         self._seq = 0
+        if self.prefix_store is not None:
+            return prefill_cached(self, ids)
         if self.prefill_chunk > 0 and ids.shape[1] > self.prefill_chunk:
             return prefill_chunked(self, ids)
         out = self._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=1)

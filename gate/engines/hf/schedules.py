@@ -1,5 +1,5 @@
 """The HF engine's other schedules (`gate invariance`): batched decoding with left padding,
-a chunked prefill, and a forced decode in one prefill pass.
+a chunked prefill, a forced decode in one prefill pass, and a prefix cache reused across prompts.
 
 Each runs the engine's own step function (`HFEngine._step`: the logits hook, the greedy pick,
 the top-k), so a schedule changes only which kernels compute the logits, never how they are
@@ -9,7 +9,8 @@ step per forced token) is `gate.engines.hf.engine` itself and does not come here
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from gate.core.engine import ForcedDecode, PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_prompt_ids, greedy_record
+from gate.errors import InputError
 
 # `engine` below is a `gate.engines.hf.engine.HFEngine` (typed Any: that module imports this one).
 HFEngine = Any
@@ -141,3 +143,62 @@ def force_prefill(engine: HFEngine, prompt_ids: Sequence[int], token_ids: Sequen
         mode="prefill",
         extra={"token_logits": logits_out, **engine._routing_extra("forced_")},
     )
+
+
+class PrefixCache:
+    """The KV caches of the last `size` prompts the engine prefilled (each as it stood after
+    its prompt, before any decode step), so a new prompt's longest cached prefix is reused
+    rather than computed again: the prefix cache of a serving engine, in transformers."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.entries: list[tuple[tuple[int, ...], Any]] = []
+        self.reused_tokens = 0  # prompt tokens taken from the cache, all prompts together
+        self.hits = 0
+
+    @classmethod
+    def for_options(cls, opts: Mapping[str, Any], batch_size: int, routed: bool) -> PrefixCache | None:
+        if not opts["prefix_cache"]:
+            return None
+        if batch_size != 1:
+            raise InputError("--engine-opt prefix_cache: the cache is reused one prompt at a time (batch_size 1)")
+        if routed:
+            raise InputError("--engine-opt prefix_cache: an MoE model's routing is recorded over whole prompts")
+        return cls()
+
+    def longest(self, prompt: tuple[int, ...]) -> tuple[int, Any]:
+        """(tokens reusable, the cache they are in): the longest common prefix with a kept
+        prompt, short of the whole prompt (its last position's logits are computed)."""
+        best, held = 0, None
+        for kept, cache in self.entries:
+            n = 0
+            limit = min(len(kept), len(prompt) - 1)
+            while n < limit and kept[n] == prompt[n]:
+                n += 1
+            if n > best:
+                best, held = n, cache
+        return best, held
+
+    def keep(self, prompt: tuple[int, ...], cache: Any) -> None:
+        others = [e for e in self.entries if e[0] != prompt]
+        self.entries = [*others[len(others) - (self.size - 1) :], (prompt, cache)]
+
+
+def prefill_cached(engine: HFEngine, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The prompt `ids` ([1, n]) prefilled through the engine's prefix cache: a copy of the
+    cache holding its longest kept prefix, cropped to that prefix, and one forward over the
+    rest of the prompt through it. Returns (the last position's [vocab] logits, the cache)."""
+    store: PrefixCache = engine.prefix_store
+    prompt = tuple(int(t) for t in ids[0].tolist())
+    n, held = store.longest(prompt)
+    if held is None:
+        out = engine._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=1)
+    else:
+        cache = copy.deepcopy(held)
+        cache.crop(n)
+        rest = ids[:, n:]
+        out = engine._forward(rest, input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        store.hits += 1
+        store.reused_tokens += n
+    store.keep(prompt, copy.deepcopy(out.past_key_values))
+    return out.logits[0, -1], out.past_key_values

@@ -23,7 +23,10 @@ Requests (`POST /completion`):
   distribution, not of a truncated one, and are used as they are (re-sorted by logprob, then
   id); `post_sampling_probs: true` would give probabilities renormalised over whatever the
   sampler chain kept, which is why gate never asks for them;
-- `cache_prompt: true`, so forced decode costs one new token per request.
+- `cache_prompt: true`, so forced decode costs one new token per request. A free run's
+  requests carry the `cache_prompt` option (default true: the server reuses the prefix a
+  slot holds from the previous request); `cache_prompt=false` computes every prompt cold
+  (the `prefix_cache` knob of `gate invariance`).
 
 Forced decode (`forced=decode`, the default): one request per oracle position, the prompt
 plus the oracle's tokens so far with `n_predict: 1`; the server finds the common prefix in
@@ -72,6 +75,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "n_batch": (int, None),
     "n_ubatch": (int, None),
     "startup_timeout": (float, None),
+    "cache_prompt": (bool, True),
 }
 DEFAULT_THREADS = 1
 DEFAULT_N_CTX = 2048
@@ -83,8 +87,9 @@ class LlamaServerDialect:
 
     name = "llama.cpp /completion"
 
-    def __init__(self, http: HttpClient, *, retries: int, forced_mode: str) -> None:
+    def __init__(self, http: HttpClient, *, retries: int, forced_mode: str, cache_prompt: bool = True) -> None:
         self.http = http
+        self.cache_prompt = cache_prompt
         self.retries = retries
         self.forced_mode = forced_mode
         self.where = f"{http.endpoint.root_display}/completion"
@@ -93,6 +98,7 @@ class LlamaServerDialect:
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"base_url": self.http.endpoint.root_display, "tie_break": "lowest_id"}
+        out["cache_prompt"] = self.cache_prompt
         out["sampling"] = {"samplers": list(GREEDY_SAMPLERS), "temperature": 0, "backend_sampling": False}
         out["logprobs"] = "log of llama-server's float32 softmax over the full vocabulary (n_probs, pre-sampling)"
         props = self._get("/props")
@@ -116,7 +122,7 @@ class LlamaServerDialect:
         check_prompt_ids(prompt.id, prompt.prompt_token_ids, None)
         if prompt.max_tokens == 0:
             return greedy_record(prompt, (), [] if top_k > 0 else None, "length", ())
-        obj = self._complete(prompt.prompt_token_ids, prompt.max_tokens, top_k, prompt.id)
+        obj = self._complete(prompt.prompt_token_ids, prompt.max_tokens, top_k, prompt.id, cache=self.cache_prompt)
         ids, tops = self._read(obj, top_k, prompt.id)
         n, asked = len(ids), prompt.max_tokens
         finish = STOP_TYPES.get(str(obj.get("stop_type")))
@@ -166,7 +172,9 @@ class LlamaServerDialect:
         except EngineError:
             return None
 
-    def _complete(self, prompt_ids: Sequence[int], n_predict: int, top_k: int, prompt_id: str | None) -> dict[str, Any]:
+    def _complete(
+        self, prompt_ids: Sequence[int], n_predict: int, top_k: int, prompt_id: str | None, *, cache: bool = True
+    ) -> dict[str, Any]:
         body = {
             "prompt": [int(t) for t in prompt_ids],
             "n_predict": n_predict,
@@ -175,7 +183,7 @@ class LlamaServerDialect:
             "backend_sampling": False,
             "n_probs": max(0, top_k),
             "post_sampling_probs": False,
-            "cache_prompt": True,
+            "cache_prompt": cache,
             "return_tokens": True,
             "stream": False,
             "ignore_eos": False,
@@ -284,6 +292,7 @@ class LlamaServerEngine(ServerEngine):
         "threads": "threads",
         "n_batch": "n_batch",
         "n_ubatch": "n_ubatch",
+        "prefix_cache": "cache_prompt",
     }
 
     def __init__(self, model: str, /, **options: Any) -> None:
@@ -311,7 +320,12 @@ class LlamaServerEngine(ServerEngine):
         try:
             _, self.http = connect(self.name, base_url, opts)
             self.pool = BoundedPool(int(opts["concurrency"]), "gate-llama-server")
-            self.dialect = LlamaServerDialect(self.http, retries=int(opts["retries"]), forced_mode=opts["forced"])
+            self.dialect = LlamaServerDialect(
+                self.http,
+                retries=int(opts["retries"]),
+                forced_mode=opts["forced"],
+                cache_prompt=bool(opts["cache_prompt"]),
+            )
         except BaseException:
             self._stop()
             raise

@@ -99,6 +99,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "max_num_batched_tokens": (int, None),
     "record_routing": (bool, True),
     "batch_size": (int, 0),
+    "enable_prefix_caching": (bool, False),
 }
 ROUTING_EXTENSION = "gate.engines.vllm.routing.RoutingCapture"
 FORCE_MODES = ("decode", "prefill")
@@ -157,6 +158,7 @@ class VLLMEngine(TokenizerMethods):
         "max_num_seqs": "max_num_seqs",
         "chunked_prefill": "max_num_batched_tokens",
         "force_mode": "force_mode",
+        "prefix_cache": "enable_prefix_caching",
     }
     # The worker extension `_start` installs when it records routing (gate diagnose's capture
     # swaps in its own, an extension of this one), and the sampling params' key of a forced
@@ -216,7 +218,7 @@ class VLLMEngine(TokenizerMethods):
             "trust_remote_code": o["trust_remote_code"],
             "max_logprobs": o["max_logprobs"],
             "logprobs_mode": logprobs_mode,
-            "enable_prefix_caching": False,
+            "enable_prefix_caching": bool(o["enable_prefix_caching"]),
         }
         for key in ("max_model_len", "revision", "max_num_seqs", "max_num_batched_tokens"):
             if o[key] is not None:
@@ -287,7 +289,7 @@ class VLLMEngine(TokenizerMethods):
             "dtype": self.dtype,
             "logprobs_mode": "raw_logprobs",
             "enforce_eager": self.enforce_eager,
-            "prefix_caching": False,
+            "prefix_caching": bool(self.options["enable_prefix_caching"]),
             "force_mode": self.options["force_mode"],
             "options": {k: v for k, v in self.options.items() if v is not None},
             "kv_cache_gib_env": os.environ.get("VLLM_CPU_KVCACHE_SPACE") if self.on_cpu else None,
