@@ -16,116 +16,33 @@ from gate.cli import options
 
 if TYPE_CHECKING:
     from gate.core.verdict.result import GateResult
+    from gate.workflows.diagnose_request import DiagnoseRequest
 
 
-def run_diagnose(
-    *,
-    model: str | None,
-    engine: str | None,
-    engine_opts: list[str] | None,
-    model_path: Path | None,
-    reference_model: Path | None,
-    prompt: str | None,
-    position: int | None,
-    path: str | None,
-    honest_dtype: str,
-    fmt: str,
-    output: Path | None,
-    pins_dir: Path | None,
-    force: bool,
-    emit_context: Path | None = None,
-    candidate_activations: Path | None = None,
-) -> int:
-    if emit_context is not None or candidate_activations is not None:
-        return run_diagnose_activations(
-            model=model,
-            engine=engine,
-            engine_opts=engine_opts,
-            model_path=model_path,
-            reference_model=reference_model,
-            prompt=prompt,
-            position=position,
-            path=path,
-            honest_dtype=honest_dtype,
-            fmt=fmt,
-            output=output,
-            pins_dir=pins_dir,
-            force=force,
-            emit_context=emit_context,
-            candidate_activations=candidate_activations,
-        )
-    from gate.cli.common import ProgressBar, default_model, load_engine_for, parse_engine_opts, progress_bar
+def run_diagnose(*, request: DiagnoseRequest, report: options.ReportTarget) -> int:
+    if request.emit_context is not None or request.candidate_activations is not None:
+        return run_diagnose_activations(request=request, report=report)
+    from gate.cli.common import progress_display
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
-    from gate.core.pins.pin import doctrine_for, load_pin
-    from gate.errors import InputError
-    from gate.models.default import resolve_model_path
     from gate.reports import check_format
-    from gate.workflows.diagnose import capture_target, diagnose_engine, target_given, target_of_result
-    from gate.workflows.engine_calls import open_engine
-    from gate.workflows.run import RunPlan, gate_run
+    from gate.workflows.diagnose_request import diagnose_request
 
-    fmt = check_format("Diagnosis", fmt)
-    refuse_overwrite(force, (output, "--output"), inputs=pin_inputs(model or default_model(), pins_dir))
-    if (prompt is None) != (position is None):
-        raise InputError("--prompt and --position go together (or neither: diagnose the gate's first defect)")
-    if path is not None and prompt is None:
-        raise InputError("--path goes with --prompt/--position (a divergence's own path is found from the gate)")
-    opts = parse_engine_opts(engine_opts)
-    pin = load_pin(model or default_model(), pins_dir)
-    name = engine or "hf"
-    from gate.engines.registry import resolve
-    from gate.workflows.diagnose import check_capturable
-
-    check_capturable(resolve(name), name)
-    target = None
-    if prompt is not None and position is not None:
-        target = target_given(pin, prompt, position, path or "decode")
-    notes: list[str] = []
-    with open_engine(load_engine_for(name, pin, opts, model_path), name) as cand:
-        if target is None:
-            say("running the gate to find the first defect (--prompt/--position skip this)")
-            with progress_bar() as bar:
-                outcome = gate_run(cand, pin, doctrine_for(pin, strict=False), RunPlan(), progress=ProgressBar(bar))
-            say(f"gate: {outcome.result.verdict}: {outcome.result.summary}")
-            target = target_of_result(pin, outcome.result)
-            if target is None:
-                say("gate diagnose: the candidate's tokens match the oracle's everywhere: nothing to diagnose")
-                return 0
-        if reference_model is not None:
-            weights = str(reference_model)
-        else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
-            weights = getattr(cand, "model_path", None) or resolve_model_path(pin.model)
-        target, capture_notes = capture_target(cand, target)
-        notes.extend(capture_notes)
-        say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
-        diagnosis = diagnose_engine(cand, target, str(weights), honest_dtype=honest_dtype, model=pin.model, notes=notes)
-    emit(diagnosis, fmt, output, force=force, engine_ran=True)
+    fmt = check_format("Diagnosis", report.fmt)
+    refuse_overwrite(
+        report.force, (report.output, "--output"), inputs=pin_inputs(request.pin_model(), request.pins_dir)
+    )
+    diagnosis = diagnose_request(request, say=say, display=progress_display)
+    if diagnosis is None:
+        return 0
+    emit(diagnosis, fmt, report.output, force=report.force, engine_ran=True)
     return diagnosis.exit_code
 
 
-def run_diagnose_activations(
-    *,
-    model: str | None,
-    engine: str | None,
-    engine_opts: list[str] | None,
-    model_path: Path | None,
-    reference_model: Path | None,
-    prompt: str | None,
-    position: int | None,
-    path: str | None,
-    honest_dtype: str,
-    fmt: str,
-    output: Path | None,
-    pins_dir: Path | None,
-    force: bool,
-    emit_context: Path | None,
-    candidate_activations: Path | None,
-) -> int:
+def run_diagnose_activations(*, request: DiagnoseRequest, report: options.ReportTarget) -> int:
     """`--emit-context FILE` (the context and modules an engine gate does not drive is to
     dump) and `--candidate-activations FILE` (its dump, diagnosed like a built-in engine)."""
     import orjson
 
-    from gate.cli.common import default_model
     from gate.cli.output import emit, refuse_overwrite, say, write_data
     from gate.core.pins.pin import load_pin
     from gate.errors import InputError
@@ -135,14 +52,22 @@ def run_diagnose_activations(
     from gate.workflows.activations import emit_context as context_of
     from gate.workflows.diagnose import diagnose_candidate, target_given
 
+    emit_context, candidate_activations = request.emit_context, request.candidate_activations
+    prompt, position, path = request.prompt, request.position, request.path
+    fmt, output, force = report.fmt, report.output, report.force
     if emit_context is not None and candidate_activations is not None:
         raise InputError("--emit-context and --candidate-activations are two steps: one at a time")
     flag = "--emit-context" if emit_context is not None else "--candidate-activations"
-    for given, name in ((engine, "--engine"), (engine_opts, "--engine-opt"), (model_path, "--model-path")):
+    engine = request.engine
+    for given, name in (
+        (engine.engine, "--engine"),
+        (engine.engine_opts, "--engine-opt"),
+        (engine.model_path, "--model-path"),
+    ):
         if given:
             raise InputError(f"{name} goes with a candidate engine; {flag} needs none (reference: --reference-model)")
-    pin = load_pin(model or default_model(), pins_dir)
-    weights = str(reference_model) if reference_model is not None else resolve_model_path(pin.model)
+    pin = load_pin(request.pin_model(), request.pins_dir)
+    weights = str(request.reference_model) if request.reference_model is not None else resolve_model_path(pin.model)
     if emit_context is not None:
         if prompt is None or position is None:
             raise InputError("--emit-context needs --prompt and --position: the position whose context to run")
@@ -167,7 +92,7 @@ def run_diagnose_activations(
     if "dtype" in meta:
         described["dtype"] = meta["dtype"]
     diagnosis = diagnose_candidate(
-        dump_candidate(arrays, where), described, target, weights, honest_dtype=honest_dtype, model=pin.model
+        dump_candidate(arrays, where), described, target, weights, honest_dtype=request.honest_dtype, model=pin.model
     )
     emit(diagnosis, fmt, output, force=force, engine_ran=True)
     return diagnosis.exit_code
@@ -267,22 +192,19 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Locate where a failure enters: the layer, the part and the path (exit 0 nothing located, 1 located)."""
-        raise typer.Exit(
-            run_diagnose(
-                model=model,
-                engine=engine,
-                engine_opts=engine_opt,
-                model_path=model_path,
-                reference_model=reference_model,
-                prompt=prompt,
-                position=position,
-                path=path,
-                honest_dtype=honest_dtype,
-                fmt=fmt.value,
-                output=output,
-                pins_dir=pins_dir,
-                force=force,
-                emit_context=emit_context,
-                candidate_activations=candidate_activations,
-            )
+        from gate.workflows.diagnose_request import DiagnoseRequest
+        from gate.workflows.requests import EngineRequest
+
+        request = DiagnoseRequest(
+            model=model,
+            engine=EngineRequest(engine, tuple(engine_opt or ()), model_path),
+            reference_model=reference_model,
+            prompt=prompt,
+            position=position,
+            path=path,
+            honest_dtype=honest_dtype,
+            pins_dir=pins_dir,
+            emit_context=emit_context,
+            candidate_activations=candidate_activations,
         )
+        raise typer.Exit(run_diagnose(request=request, report=options.ReportTarget(fmt.value, output, force)))

@@ -11,7 +11,6 @@ import typer
 
 from gate.cli import options
 
-REPORT = "gate JSON report (`gate run --format json`)"
 EXIT_CODES_DIFF = (
     "Exit codes: 0 NEW is not worse than BASE; 1 NEW is worse (a new defect, a prompt no longer ratified, the "
     "distribution beyond the pin's floor, a failing verdict where BASE passed); 2 the reports are unreadable or "
@@ -25,18 +24,15 @@ class DiffFormat(StrEnum):
     markdown = "markdown"
 
 
-def diff_files(*, base: Path, new: Path, fmt: str, output: Path | None, force: bool) -> int:
+def diff_files(*, base: Path, new: Path, report: options.ReportTarget) -> int:
     from gate.cli.output import emit, refuse_overwrite
-    from gate.core.storage.json_file import read_json
-    from gate.core.verdict.diff import diff_reports, parse_report
     from gate.reports import check_format
+    from gate.workflows.diff import diff_report_files
 
-    fmt = check_format("ReportDiff", fmt)
-    refuse_overwrite(force, (output, "--output"), inputs=(base, new))
-    result = diff_reports(
-        parse_report(read_json(base, what=REPORT), str(base)), parse_report(read_json(new, what=REPORT), str(new))
-    )
-    emit(result, fmt, output, force=force)
+    fmt = check_format("ReportDiff", report.fmt)
+    refuse_overwrite(report.force, (report.output, "--output"), inputs=(base, new))
+    result = diff_report_files(base, new)
+    emit(result, fmt, report.output, force=report.force)
     return result.exit_code
 
 
@@ -55,4 +51,4 @@ def register(app: typer.Typer) -> None:
         """What NEW changed relative to BASE, two runs against the same pin (their JSON reports):
         prompts newly diverging and fixed, divergences whose class changed, defects added and removed,
         the distribution figures before and after."""
-        raise typer.Exit(diff_files(base=base, new=new, fmt=fmt.value, output=output, force=force))
+        raise typer.Exit(diff_files(base=base, new=new, report=options.ReportTarget(fmt.value, output, force)))

@@ -30,7 +30,19 @@ app = typer.Typer(
 )
 
 # Each module defines `register(app)`; commands import their heavy dependencies lazily.
-COMMAND_MODULES = ("compare", "run", "pin", "goldens", "doctrine", "shards", "diagnose", "invariance", "diff")
+COMMAND_MODULES = (
+    "compare",
+    "run",
+    "export_prompts",
+    "pin",
+    "goldens",
+    "calibrate",
+    "selftest",
+    "merge",
+    "diagnose",
+    "invariance",
+    "diff",
+)
 for _name in COMMAND_MODULES:
     importlib.import_module(f"gate.cli.{_name}").register(app)
 

@@ -1,10 +1,14 @@
-"""Option declarations shared by the commands (typer `Annotated` types), declared once.
+"""Option declarations of the commands (typer `Annotated` types), declared once.
 
-A command takes `model: options.Model = None` and hands the value to a plain function.
+A command takes `model: options.Model = None`, collects its options into one frozen
+request (`gate.workflows.run_request.RunRequest`, ...; the shared groups are
+`gate.workflows.requests.EngineRequest` and `DoctrineFlags`, and `ReportTarget` below) and
+hands that record to a plain function.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -93,6 +97,79 @@ ForceOutputs = Annotated[
 SaveTrace = Annotated[
     Path | None,
     typer.Option("--save-trace", help="Save the candidate's trace (format v1) here.", rich_help_panel="Output"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportTarget:
+    """Where and how a command's report goes: `--format`, `--output`, `--force`, and
+    `--details` where the command has it."""
+
+    fmt: str = "rich"
+    output: Path | None = None
+    force: bool = False
+    details: bool = False
+
+
+# --------------------------------------------------------------------------- gate run
+
+# `gate run`'s options in panels: the engine and the pin (typer's default panel), the
+# doctrine (`DOCTRINE_PANEL`), the output, and how the run is carried out.
+RUN_PANEL = "Running (shards, resume, timeouts, repeats)"
+CandidateTrace = Annotated[
+    Path | None,
+    typer.Option(
+        "--candidate-trace",
+        help="Adjudicate this candidate trace (written by any engine) instead of running one.",
+    ),
+]
+Timings = Annotated[
+    bool,
+    typer.Option("--timings", help="Print the wall time of each stage on stderr.", rich_help_panel="Output"),
+]
+Shard = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        help="Run only the K-th of N disjoint slices of the suite (K/N, by prompt id); combine the shard "
+        "traces with `gate merge`.",
+        rich_help_panel=RUN_PANEL,
+    ),
+]
+Resume = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue an interrupted run from its progress file (same model, engine, options).",
+        rich_help_panel=RUN_PANEL,
+    ),
+]
+ProgressFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--progress-file",
+        help="Where finished prompts are appended as the run goes \\[default: SAVE_TRACE.partial.jsonl, "
+        "else .gate/runs/MODEL/ENGINE.partial.jsonl].",
+        rich_help_panel=RUN_PANEL,
+    ),
+]
+Timeout = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        help="Seconds each engine call (one generate batch, one prompt unless the engine batches; "
+        "or one forced decode) may take before the run fails with exit 3.",
+        rich_help_panel=RUN_PANEL,
+    ),
+]
+Repeat = Annotated[
+    int,
+    typer.Option(
+        "--repeat",
+        help="Run the candidate N times; any token or logprob that changes between repeats is exit 3 "
+        "(a nondeterministic engine cannot be gated token-exactly).",
+        rich_help_panel=RUN_PANEL,
+    ),
 ]
 
 

@@ -1,22 +1,147 @@
-"""Recording a pin: the oracle engine over a suite, checked, as the pin's trace.
+"""Recording a pin: the oracle engine over a suite, checked, as the pin's trace, its honest
+floor measured, and the pin folder written (`gate pin record`, one `PinRecordRequest`).
 
-`gate pin record` writes what this returns (`gate.core.pins.pin.write_pin`).
+The folder's files are written by `gate.core.pins.pin.write_pin`. No printing: what the
+person should read goes to `say`.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 
 from gate.core.engine import Engine, PromptInput
-from gate.core.pins.oracle_settings import OracleSettings
-from gate.core.pins.pin import oracle_header
-from gate.core.pins.suite import Suite
-from gate.core.traces.trace import Trace, check_top_logprobs
-from gate.errors import EngineError, TraceError
-from gate.workflows.engine_calls import engine_call, engine_name, generate, plain_top
+from gate.core.pins.diff import diff_pins, exact_top2_ties, rerecord_lines
+from gate.core.pins.oracle_settings import OracleSettings, read_settings
+from gate.core.pins.pin import SUITE_FILE, PinFolder, folder_for_writing, oracle_header, write_pin
+from gate.core.pins.suite import Suite, read_suite
+from gate.core.traces.machine import machine_key, machine_of
+from gate.core.traces.trace import Trace, check_top_logprobs, read_trace
+from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
+from gate.errors import EngineError, GateError, InputError, TraceError
+from gate.text import plural
+from gate.workflows.engine_calls import engine_call, engine_name, generate, open_engine, plain_top
+from gate.workflows.floor import HonestRerun, engine_rerun, floor_from, oracle_rerun, with_floor
 from gate.workflows.progress import QUIET, Progress
 from gate.workflows.provenance import oracle_hashes, software_environment
+from gate.workflows.requests import Say, parse_engine_opts, silent
+
+
+@dataclass(frozen=True, slots=True)
+class PinRecordRequest:
+    """Everything `gate pin record` was asked."""
+
+    model: str
+    prompts: Path | None = None
+    max_tokens: int | None = None
+    top_k: int | None = None
+    engine_opts: tuple[str, ...] = ()
+    model_path: Path | None = None
+    pins_dir: Path | None = None
+    force: bool = False
+    measure_floor: bool = True
+
+    def folder(self) -> PinFolder:
+        """The pin folder the record writes (it need not exist yet)."""
+        return folder_for_writing(self.model, self.pins_dir)
+
+
+def record_pin(request: PinRecordRequest, *, say: Say = silent) -> Path:
+    """Record the oracle over the suite, measure the honest floor, write the pin; returns its path.
+    The caller refuses an existing pin without --force before this loads the oracle."""
+    from gate.engines.registry import load_engine
+
+    model, folder = request.model, request.folder()
+    old = read_trace(folder.pin_path, role="oracle") if folder.pin_path.exists() else None
+    settings = read_settings(folder.settings_path).with_overrides(
+        max_tokens=request.max_tokens, top_k=request.top_k, engine_opts=parse_engine_opts(request.engine_opts)
+    )
+    if settings.model is not None and settings.model != model:
+        raise InputError(f"{folder.settings_path}: field 'model': {settings.model!r}, but --model is {model!r}")
+    if settings.model is None:
+        settings = replace(settings, model=model)
+    source = request.prompts if request.prompts is not None else folder.suite_path
+    if request.prompts is None and not source.exists():
+        raise InputError(f"no prompt suite: {folder.path} has no {SUITE_FILE}; pass --prompts FILE")
+    # --max-tokens overrides every prompt; else a prompt's own, else oracle.json's.
+    suite = read_suite(source).resolved(settings.max_tokens, override=request.max_tokens)
+
+    source_model = str(request.model_path) if request.model_path is not None else model
+    say(
+        f"recording the {settings.engine} oracle for {model}: {plural(len(suite), 'prompt')}, "
+        f"top-{settings.top_k} logprobs"
+    )
+    load = lambda: load_engine(settings.engine, source_model, settings.engine_kwargs())  # noqa: E731
+    with open_engine(load, settings.engine) as engine:
+        trace = record_oracle(
+            engine,
+            model=model,
+            suite=suite,
+            settings=settings,
+            pin_path=str(folder.pin_path),
+            model_source=source_model,
+        )
+        measuring = request.measure_floor and settings.doctrine.get("floor") is None
+        reruns = [oracle_rerun(engine, trace, suite)] if measuring else []
+    if measuring:
+        trace, settings = _with_measured_floor(trace, settings, suite, reruns, source_model, say)
+    elif settings.doctrine.get("floor") is not None:
+        say("honest floor: kept the one oracle.json's doctrine carries (doctrine.floor)")
+    else:
+        say("honest floor: not measured (--no-floor); the pin is judged without the distribution verdict")
+    if old is not None:
+        for line in diff_pins(old, trace).lines():
+            say(line)
+        own = header_doctrine(old.header.extra, str(folder.pin_path)) or dict(settings.doctrine)
+        for line in rerecord_lines(old, trace, resolve_doctrine(own)):
+            say(line)
+    done = write_pin(folder, suite, settings, trace, force=request.force)
+    for kept in done.backups:
+        say(f"kept the old {kept.name.split('.bak-')[0]} as {kept}")
+    ties = exact_top2_ties(trace)
+    positions = sum(len(r.token_ids) for r in trace.records)
+    say(
+        f"pin written to {folder.pin_path}: {plural(len(trace.records), 'prompt')}, {plural(positions, 'position')}; "
+        f"{plural(len(ties), 'position')} where the oracle's top two logprobs are exactly equal"
+    )
+    return folder.pin_path
+
+
+def _with_measured_floor(
+    trace: Trace,
+    settings: OracleSettings,
+    suite: Suite,
+    reruns: list[HonestRerun],
+    model: str,
+    say: Say,
+) -> tuple[Trace, OracleSettings]:
+    """The pin trace and settings with the floor the honest re-runs measure (the oracle one
+    prompt at a time, already run; the HF engine on the same device, where it loads)."""
+    from gate.engines.registry import load_engine
+
+    device = str(trace.header.extra.get("device") or "cpu")
+    if settings.engine == "vllm":  # the HF engine: another implementation of vLLM's model
+        name = f"hf on {device} vs {settings.engine}"
+        say(f"measuring the honest floor: {name}")
+        try:
+            load = lambda: load_engine("hf", model, {"device": device, "dtype": settings.dtype})  # noqa: E731
+            reruns.append(engine_rerun(load, trace, suite, name=name))
+        except GateError as exc:
+            say(f"honest floor: the HF engine could not run this model here ({exc}); measured without it")
+    where = machine_key(machine_of(trace.header.engine, trace.header.extra))
+    floor = floor_from(reruns, where=where)
+    for r in reruns:
+        say(f"  {r.line()}")
+    if floor is None:
+        say("honest floor: none measured (too few positions, or the re-runs equal the pin bit for bit)")
+        return trace, settings
+    trace, own = with_floor(trace, settings.doctrine, floor)
+    say(
+        f"honest floor: mean KL {floor.kl_mean_mnats:.3f} mnats, p99 KL {floor.kl_p99_mnats:.3f} mnats, same top "
+        f"{100 * floor.same_top_rate:.2f}%, margin {floor.margin:g}: written to the pin's doctrine (doctrine.floor)"
+    )
+    return trace, replace(settings, doctrine=own)
 
 
 def record_oracle(

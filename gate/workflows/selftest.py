@@ -1,13 +1,16 @@
 """Self-test by mutation, the run: the unmutated engine records a reference, then every
 mutation runs over the pinned prompts and is judged against the reference and the pin
-(see `gate.core.calibration.selftest` for the judging)."""
+(see `gate.core.calibration.selftest` for the judging). `gate selftest` is one `SelftestRequest`."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from gate.core.calibration.selftest import (
+    SELFTEST_NEAR_TIE_ULPS,
     MutantOutcome,
     Mutation,
     SelfTestResult,
@@ -19,12 +22,21 @@ from gate.core.calibration.selftest import (
 )
 from gate.core.engine import Engine
 from gate.core.pins.diff import exact_top2_ties
-from gate.core.pins.pin import Pin
+from gate.core.pins.pin import Pin, doctrine_for, load_pin
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.workflows.engine_calls import engine_call, force_along, open_engine
 from gate.workflows.progress import QUIET, Progress
+from gate.workflows.requests import (
+    DoctrineFlags,
+    ProgressDisplay,
+    Say,
+    default_model,
+    no_progress,
+    parse_engine_opts,
+    silent,
+)
 from gate.workflows.run import run_candidate
 
 
@@ -115,3 +127,43 @@ def run_selftest(
         seconds=time.perf_counter() - start,
         reference=reference,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SelftestRequest:
+    """Everything `gate selftest` was asked: the model whose pin is run, the HF engine's
+    weights and options, the mutants to run (all by default) and the doctrine flags."""
+
+    model: str | None = None
+    model_path: Path | None = None
+    pins_dir: Path | None = None
+    engine_opts: tuple[str, ...] = ()
+    only: tuple[str, ...] | None = None
+    doctrine: DoctrineFlags = field(default_factory=DoctrineFlags)
+
+    def pin_model(self) -> str:
+        return self.model or default_model()
+
+
+def selftest_request(
+    request: SelftestRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
+) -> SelfTestResult:
+    from gate.workflows.mutants import baseline_loader, mutations
+
+    opts = parse_engine_opts(request.engine_opts)
+    pin = load_pin(request.pin_model(), request.pins_dir)
+    # The pin's own doctrine, as `gate run` applies it, with the flags' fields changed: the
+    # self-test checks that verdict. A pin without one is judged with one grid step besides
+    # the default mnats (`SELFTEST_NEAR_TIE_ULPS`: the one-step fault must come out ratified).
+    doctrine = doctrine_for(pin, request.doctrine.overrides(), defaults={"near_tie_ulps": SELFTEST_NEAR_TIE_ULPS})
+    weights = str(request.model_path) if request.model_path is not None else pin.model
+    chosen = mutations(weights, opts, only=list(request.only) if request.only is not None else None)
+    with display() as progress:
+        return run_selftest(
+            pin,
+            baseline_loader(weights, opts),
+            chosen,
+            doctrine,
+            progress=progress,
+            on_mutant=lambda name: say(f"selftest: running {name}"),
+        )

@@ -1,0 +1,86 @@
+"""`gate diagnose` as one request: the target found (named on the command line, or the
+first defect of a gate run first), the candidate loaded, and `gate.workflows.diagnose`
+run on it against the reference weights.
+
+No printing: what the person should read goes to `say`, the progress to `display`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gate.core.diagnosis.record import Diagnosis
+from gate.core.pins.pin import doctrine_for, load_pin
+from gate.errors import InputError
+from gate.workflows.diagnose import (
+    capture_target,
+    check_capturable,
+    diagnose_engine,
+    target_given,
+    target_of_result,
+)
+from gate.workflows.engine_calls import open_engine
+from gate.workflows.requests import EngineRequest, ProgressDisplay, Say, default_model, no_progress, silent
+from gate.workflows.run import RunPlan, gate_run
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnoseRequest:
+    """Everything `gate diagnose` was asked."""
+
+    model: str | None = None
+    engine: EngineRequest = field(default_factory=EngineRequest)
+    reference_model: Path | None = None
+    prompt: str | None = None
+    position: int | None = None
+    path: str | None = None
+    honest_dtype: str = "bfloat16"
+    pins_dir: Path | None = None
+    emit_context: Path | None = None  # write the context an engine gate does not drive is to dump
+    candidate_activations: Path | None = None  # that engine's dump, diagnosed
+
+    def pin_model(self) -> str:
+        return self.model or default_model()
+
+
+def diagnose_request(
+    request: DiagnoseRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
+) -> Diagnosis | None:
+    """The diagnosis, or None when the candidate's tokens match the oracle's everywhere."""
+    from gate.engines.registry import resolve
+    from gate.models.default import resolve_model_path
+
+    prompt, position, path = request.prompt, request.position, request.path
+    if (prompt is None) != (position is None):
+        raise InputError("--prompt and --position go together (or neither: diagnose the gate's first defect)")
+    if path is not None and prompt is None:
+        raise InputError("--path goes with --prompt/--position (a divergence's own path is found from the gate)")
+    opts = request.engine.options()
+    pin = load_pin(request.pin_model(), request.pins_dir)
+    name = request.engine.name()
+    check_capturable(resolve(name), name)
+    target = None
+    if prompt is not None and position is not None:
+        target = target_given(pin, prompt, position, path or "decode")
+    notes: list[str] = []
+    with open_engine(request.engine.loader(pin, opts, name), name) as cand:
+        if target is None:
+            say("running the gate to find the first defect (--prompt/--position skip this)")
+            with display() as progress:
+                outcome = gate_run(cand, pin, doctrine_for(pin, strict=False), RunPlan(), progress=progress)
+            say(f"gate: {outcome.result.verdict}: {outcome.result.summary}")
+            target = target_of_result(pin, outcome.result)
+            if target is None:
+                say("gate diagnose: the candidate's tokens match the oracle's everywhere: nothing to diagnose")
+                return None
+        if request.reference_model is not None:
+            weights = str(request.reference_model)
+        else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
+            weights = getattr(cand, "model_path", None) or resolve_model_path(pin.model)
+        target, capture_notes = capture_target(cand, target)
+        notes.extend(capture_notes)
+        say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
+        return diagnose_engine(
+            cand, target, str(weights), honest_dtype=request.honest_dtype, model=pin.model, notes=notes
+        )
