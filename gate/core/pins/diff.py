@@ -135,10 +135,14 @@ def rerecord_lines(old: Trace, new: Trace, doctrine: Doctrine) -> list[str]:
     ):
         return out
     as_candidate = replace(new, header=replace(new.header, role="candidate"))
-    result = compare(old, as_candidate, doctrine)
+    # A pin is a free run with no forced lists: the distribution's floor, which judges a
+    # candidate only on forced lists where it diverged, cannot judge it; the token rules can.
+    result = compare(old, as_candidate, replace(doctrine, floor=None))
     if result.verdict == "strict_pass":
         return out
-    out.append(f"the new pin as a candidate of the old one, by the doctrine ({result.verdict}): {result.summary}")
+    out.append(
+        f"the new pin as a candidate of the old one, by the doctrine's token rules ({result.verdict}): {result.summary}"
+    )
     return out
 
 
