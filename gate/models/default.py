@@ -226,6 +226,28 @@ def _build(gguf: Path, out: Path) -> None:
             os.fsync(fh.fileno())
 
 
+def build_and_publish(target: Path, build: Callable[[Path], None]) -> None:
+    """Run `build` into a scratch folder beside `target`, then move it into place
+    (`publish_build`); the scratch folder never outlives a failed build."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        build(tmp)
+        publish_build(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_build_manifest(folder: str | os.PathLike[str], name: str) -> dict[str, Any] | None:
+    """The manifest `name` of a folder gate built, or None for a folder built elsewhere."""
+    try:
+        data = orjson.loads((Path(folder) / name).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return dict(data) if isinstance(data, dict) else None
+
+
 def publish_build(tmp: Path, target: Path) -> None:
     """Move the finished build into place; an old (corrupt) folder is moved aside first."""
     old: Path | None = None

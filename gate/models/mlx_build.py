@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import secrets
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +28,7 @@ import orjson
 
 from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
-from gate.models.default import publish_build
+from gate.models.default import build_and_publish, read_build_manifest
 from gate.models.hashing import source_hashes
 from gate.models.listing import check_listed_files, listing_sha256, load_manifest
 from gate.version import install_line
@@ -87,14 +85,7 @@ def mlx_quantised(
         say(f"the cached MLX build at {target} failed its check ({problem}); rebuilding it")
     else:
         say(f"building the MLX {bits}-bit build (group size {group_size}) of {src} into {target} (once)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        _build(src, tmp, bits, group_size, dtype, hashes)
-        publish_build(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_and_publish(target, lambda tmp: _build(src, tmp, bits, group_size, dtype, hashes))
     problem = check_mlx_folder(target, source_weights_sha256=hashes["weights_sha256"])
     if problem is not None:
         raise EngineError(f"the MLX build at {target} does not pass its own check: {problem}")
@@ -114,11 +105,7 @@ def check_mlx_folder(folder: Path, *, source_weights_sha256: str | None = None) 
 
 def read_mlx_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The manifest of a folder gate built, or None for a folder built elsewhere."""
-    try:
-        data = orjson.loads((Path(folder) / MLX_MANIFEST).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return dict(data) if isinstance(data, dict) else None
+    return read_build_manifest(folder, MLX_MANIFEST)
 
 
 def _versions() -> dict[str, str]:

@@ -14,8 +14,6 @@ stderr.
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +27,7 @@ import orjson
 from gate.core.storage.files import gate_cache_dir
 from gate.engines.executorch.export import BACKEND, RECIPES
 from gate.errors import EngineError, InputError
-from gate.models.default import publish_build
+from gate.models.default import build_and_publish, read_build_manifest
 from gate.models.hashing import source_hashes
 from gate.models.listing import check_listed_files, load_manifest
 from gate.version import install_line
@@ -91,14 +89,7 @@ def executorch_program(
         say(f"the cached ExecuTorch program at {target} failed its check ({problem}); exporting it again")
     else:
         say(f"exporting the ExecuTorch program ({recipe}, {BACKEND}) of {src} into {target} (once, minutes)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        _build(src, tmp, recipe, max_seq_len, hashes)
-        publish_build(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_and_publish(target, lambda tmp: _build(src, tmp, recipe, max_seq_len, hashes))
     problem = check_program_folder(target, source_weights_sha256=hashes["weights_sha256"])
     if problem is not None:
         raise EngineError(f"the ExecuTorch program exported at {target} does not pass its own check: {problem}")
@@ -122,11 +113,7 @@ def check_program_folder(folder: Path, *, source_weights_sha256: str | None = No
 
 def read_program_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The manifest of a build gate made, or None for a program built elsewhere."""
-    try:
-        data = orjson.loads((Path(folder) / PTE_MANIFEST).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return dict(data) if isinstance(data, dict) else None
+    return read_build_manifest(folder, PTE_MANIFEST)
 
 
 def _build(source: Path, out: Path, recipe: str, max_seq_len: int, hashes: dict[str, str]) -> None:

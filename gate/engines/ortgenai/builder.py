@@ -19,7 +19,6 @@ stderr.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import orjson
 
 from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
-from gate.models.default import publish_build
+from gate.models.default import build_and_publish, read_build_manifest
 from gate.models.hashing import source_hashes
 from gate.models.listing import check_listed_files, listing_sha256, load_manifest
 from gate.version import install_line
@@ -81,14 +80,7 @@ def onnx_model(
         say(f"the cached ONNX model at {target} failed its check ({problem}); rebuilding it")
     else:
         say(f"building the ONNX model ({precision}, {EXECUTION_PROVIDER}) of {src} into {target} (once)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        _build(src, tmp, precision, hashes)
-        publish_build(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_and_publish(target, lambda tmp: _build(src, tmp, precision, hashes))
     problem = check_onnx_folder(target, source_weights_sha256=hashes["weights_sha256"])
     if problem is not None:
         raise EngineError(f"the ONNX model built at {target} does not pass its own check: {problem}")
@@ -108,11 +100,7 @@ def check_onnx_folder(folder: Path, *, source_weights_sha256: str | None = None)
 
 def read_onnx_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The manifest of a folder gate built, or None for a folder built elsewhere."""
-    try:
-        data = orjson.loads((Path(folder) / ONNX_MANIFEST).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return dict(data) if isinstance(data, dict) else None
+    return read_build_manifest(folder, ONNX_MANIFEST)
 
 
 def _versions() -> dict[str, str]:
