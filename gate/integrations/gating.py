@@ -8,9 +8,7 @@ per-field overrides, the same adjudication. No second pipeline.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gate.core.engine import Engine
 from gate.core.pins.pin import doctrine_for, load_pin
@@ -19,28 +17,15 @@ from gate.core.verdict.doctrine import apply_overrides
 from gate.core.verdict.result import DEFECT, RATIFIED_PASS, GateResult
 from gate.errors import InputError
 from gate.reports._common import VERDICT_LABELS, why
+from gate.workflows.requests import DoctrineFlags
 from gate.workflows.run import RunOutcome, gate_against_pin, gate_trace_against_pin
 
 Candidate = str | os.PathLike[str] | Trace | Engine
 
 
-@dataclass(frozen=True, slots=True)
-class Overrides:
-    """The doctrine flags of `gate run`, each changing its own field of the pin's doctrine."""
-
-    near_tie_mnats: float | None = None
-    near_tie_ulps: float | None = None
-    no_evidence: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.near_tie_mnats is not None:
-            out["near_tie_mnats"] = self.near_tie_mnats
-        if self.near_tie_ulps is not None:
-            out["near_tie_ulps"] = self.near_tie_ulps
-        if self.no_evidence:
-            out["evidence"] = None
-        return out
+# The doctrine flags of `gate run`, each changing its own field of the pin's doctrine: the
+# workflows' one record of them, under the name the fixture and the action use.
+Overrides = DoctrineFlags
 
 
 def default_model() -> str:
@@ -62,7 +47,7 @@ def gate_candidate(
 
     An engine is driven but not closed: whoever loaded it owns it. Raises the `GateError`
     `gate run` would raise (a bad trace, no pin, an engine failure)."""
-    flags = (overrides or Overrides()).to_dict()
+    flags = (overrides or Overrides()).overrides()
     apply_overrides({}, flags)  # a bad threshold fails before any work
     pins = Path(pins_dir) if pins_dir is not None else None
     if isinstance(candidate, str | os.PathLike):
@@ -127,7 +112,7 @@ def gate_engine_named(
     from gate.engines.registry import load_engine
     from gate.workflows.engine_calls import open_engine
 
-    flags = (overrides or Overrides()).to_dict()
+    flags = (overrides or Overrides()).overrides()
     apply_overrides({}, flags)
     pin = load_pin(model or default_model(), Path(pins_dir) if pins_dir is not None else None)
     doctrine = doctrine_for(pin, flags, strict=strict)
