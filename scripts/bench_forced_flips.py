@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace, TraceHeader
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine, Evidence
 
@@ -21,8 +21,8 @@ from gate.core.verdict.doctrine import Doctrine, Evidence
 def traces(n: int, k: int) -> tuple[Trace, Trace]:
     tops = [[[t, -2.5 - 0.05 * j] for j, t in enumerate(range(1000, 1000 + k))] for _ in range(n)]
     mine = [[[1001, -2.5], [1000, -2.55]] + [[t, -2.5 - 0.05 * j] for j, t in enumerate(range(1002, 1000 + k), 2)]]
-    o = PromptRecord("p", (1, 2), (1000,) * n, tops, extra={"token_logits": [20.0] * n})
-    c = PromptRecord("p", (1, 2), (1001,) * n, forced_token_ids=(1001,) * n, extra={FORCED_TOP_KEY: mine * n})
+    o = PromptRecord("p", (1, 2), (1000,) * n, tops, token_logits=[20.0] * n)
+    c = PromptRecord("p", (1, 2), (1001,) * n, forced_token_ids=(1001,) * n, forced_top_logprobs=mine * n)
     head = {"model": "m", "top_k": k, "engine": {"name": "bench", "version": "1"}}
     return (
         Trace(TraceHeader(role="oracle", **head), (o,)),  # type: ignore[arg-type]

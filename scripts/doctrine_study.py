@@ -344,7 +344,7 @@ def flip_evidence(result: Any, oracle: Any, floor_logit: float) -> tuple[float, 
     step at max(|top logit|, floor_logit))."""
     from gate.core.verdict.grid import grid_step
 
-    logits = {r.id: r.extra.get("token_logits") for r in oracle.records}
+    logits = {r.id: r.token_logits for r in oracle.records}
     raw, uo, uc, both = [0.0], [0.0], [0.0], [0.0]
     for d in result.divergences:
         tl = (logits.get(d.prompt_id) or [None] * (d.position + 1))[d.position]
@@ -365,7 +365,7 @@ def fp32_sides(result: Any, fp32: Any) -> str:
     or level with the oracle's: "k/n"."""
     if fp32 is None:
         return "-"
-    tops = {r.id: r.extra.get("forced_top_logprobs") for r in fp32.records}
+    tops = {r.id: r.forced_top_logprobs for r in fp32.records}
     n = k = 0
     for d in result.divergences:
         if not d.gap_ulps or d.candidate_token is None:

@@ -121,9 +121,13 @@ def greedy_record(
     finish: str | None,
     texts: Sequence[str] | None,
     extra: Mapping[str, Any] | None = None,
+    *,
+    token_logits: Sequence[float] | None = None,
+    routed_experts: Sequence[Any] | None = None,
+    router_top: Sequence[Any] | None = None,
 ) -> PromptRecord:
     """The record of one greedy run as every engine that decodes its own tokens writes it
-    (`tops` None: the engine gives no top-k)."""
+    (`tops` None: the engine gives no top-k; `extra`: fields no verdict reads)."""
     return PromptRecord(
         id=prompt.id,
         prompt_token_ids=tuple(prompt.prompt_token_ids),
@@ -133,6 +137,9 @@ def greedy_record(
         prompt=prompt.prompt,
         tokens=tuple(texts) if texts is not None else None,
         extra=dict(extra or {}),
+        token_logits=token_logits,
+        routed_experts=routed_experts,
+        router_top=router_top,
     )
 
 

@@ -22,7 +22,15 @@ from gate.core.engine import (
     PromptInput,
 )
 from gate.core.traces.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
-from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, TopList, Trace, check_top_logprobs
+from gate.core.traces.trace import (
+    EVIDENCE_KEYS,
+    FORCED_MODES,
+    PromptRecord,
+    TopList,
+    Trace,
+    check_forced_top,
+    check_top_logprobs,
+)
 from gate.errors import EngineError, GateError, TraceError
 from gate.workflows.guard import EngineTimeout
 from gate.workflows.progress import QUIET, Progress
@@ -126,6 +134,11 @@ def late_info(engine: Engine) -> dict[str, Any]:
     return dict(out) if isinstance(out, Mapping) else {}
 
 
+def additions(rec: PromptRecord) -> dict[str, Any]:
+    """A record's fields beyond v1's (its `extra` and the typed additions), for `replace`."""
+    return {"extra": dict(rec.extra), **{key: getattr(rec, key) for key in EVIDENCE_KEYS}}
+
+
 def diverged_ids(oracle: Trace, candidate: Trace) -> list[str]:
     """Ids of the prompts whose free run differs from the oracle's tokens."""
     cand = candidate.by_id()
@@ -169,7 +182,7 @@ def force_along(
         o, c = orc[pid], cand[pid]
         prior = (known or {}).get(pid)
         if prior is not None and prior.forced_token_ids is not None:
-            forced[pid] = replace(c, forced_token_ids=prior.forced_token_ids, extra=dict(prior.extra))
+            forced[pid] = replace(c, forced_token_ids=prior.forced_token_ids, **additions(prior))
             progress.advance()
             continue
         try:
@@ -186,14 +199,32 @@ def force_along(
                 f"engine {name!r}: force returned {len(fd.token_ids)} choices for {len(o.token_ids)} oracle tokens "
                 f"(prompt {pid!r})"
             )
-        # MoE: the candidate's routing on the oracle's tokens (docs/guides/moe-routing.md).
-        routing = {k: v for k, v in fd.extra.items() if k in (FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP)}
-        extra: dict[str, Any] = {**c.extra, "forced_mode": fd.mode, **routing}
+        if fd.mode not in FORCED_MODES:
+            raise EngineError(
+                f"engine {name!r}: force returned mode {fd.mode!r} (prompt {pid!r}); expected decode or prefill"
+            )
+        forced_top: Sequence[TopList] | None = None
         if fd.top_logprobs is not None and len(fd.top_logprobs) == len(o.token_ids):
             # The candidate's own top-k at each forced position: the doctrine's evidence of
             # how close the candidate itself saw a flip, and of its drift (a trace addition).
-            extra[FORCED_TOP_KEY] = plain_top(fd.top_logprobs)
-        forced[pid] = replace(c, forced_token_ids=tuple(int(t) for t in fd.token_ids), extra=extra)
+            # Checked here, once, as the reader checks a trace's.
+            try:
+                forced_top = check_forced_top(
+                    f"<engine {name}>", 0, plain_top(fd.top_logprobs), fd.token_ids, free.header, oracle=False
+                )
+            except TraceError as exc:
+                raise EngineError(
+                    f"engine {name!r}: prompt {pid!r}: invalid forced top logprobs: {exc.problem}"
+                ) from None
+        forced[pid] = replace(
+            c,
+            forced_token_ids=tuple(int(t) for t in fd.token_ids),
+            forced_mode=fd.mode,
+            # MoE: the candidate's routing on the oracle's tokens (docs/guides/moe-routing.md).
+            forced_routed_experts=fd.extra.get(FORCED_ROUTED_EXPERTS),
+            forced_router_top=fd.extra.get(FORCED_ROUTER_TOP),
+            forced_top_logprobs=forced_top,
+        )
         progress.advance()
     records = tuple(forced.get(r.id, r) for r in free.records)
     return replace(free, records=records), tuple(forced)

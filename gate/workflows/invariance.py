@@ -211,7 +211,7 @@ def run_invariance(
 
 
 def _notes(baseline: Trace, doctrine: Doctrine) -> tuple[str, ...]:
-    if all("token_logits" in r.extra for r in baseline.records):
+    if all(r.token_logits is not None for r in baseline.records):
         return ()
     if doctrine.evidence is not None:
         return (

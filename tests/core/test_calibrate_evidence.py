@@ -58,7 +58,7 @@ def test_a_short_run_says_its_drift_is_not_judged_and_its_confidence_is_low() ->
 
 def test_without_oracle_logits_no_evidence_doctrine_is_recommended() -> None:
     o, c = flip_run(MIN_DRIFT_POSITIONS + 1, gap_steps=1.0, margin_steps=0.5)
-    o = replace(o, records=tuple(replace(r, extra={}) for r in o.records))
+    o = replace(o, records=tuple(replace(r, token_logits=None) for r in o.records))
     ev = measure_evidence(o, c, list(compare(o, c, Doctrine()).divergences), dtype="bfloat16")
     assert ev.recommended is None and ev.confidence == "none"
 

@@ -139,7 +139,7 @@ def test_force_on_its_own_tokens_reproduces_generate_bit_for_bit(
         assert forced.mode == "decode"
         assert forced.token_ids == rec.token_ids
         assert forced.top_logprobs == rec.top_logprobs  # floats compared exactly
-        assert forced.extra["token_logits"] == rec.extra["token_logits"]
+        assert forced.extra["token_logits"] == rec.token_logits
 
 
 def test_force_feeds_the_oracle_tokens(llama: HFEngine) -> None:
@@ -170,7 +170,7 @@ def test_records_are_valid_oracle_traces(llama: HFEngine, tmp_path: Path) -> Non
         assert all(len(top) == TOP_K for top in rec.top_logprobs)
         assert rec.finish_reason == "length"
         assert rec.tokens is not None and len(rec.tokens) == len(rec.token_ids)
-        logits = rec.extra["token_logits"]
+        logits = rec.token_logits
         assert len(logits) == len(rec.token_ids)
         # Raw bf16 logits, not logprobs: each is a bf16 value.
         assert all(float(torch.tensor(x).bfloat16().float()) == x for x in logits)

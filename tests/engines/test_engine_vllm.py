@@ -75,7 +75,7 @@ def test_generate_writes_a_valid_oracle_trace(vllm_engine: Any, oracle: list[Pro
     assert info["name"] == "vllm" and info["logprobs_mode"] == "raw_logprobs" and info["dtype"] == "bfloat16"
     assert info["moe"] == {**MOE, "source": "vllm_router_capture"}
     for rec in back.records:  # vLLM's own routing, one entry per input token
-        assert len(rec.extra["routed_experts"]) == len(rec.prompt_token_ids) + len(rec.token_ids) - 1
+        assert len(rec.routed_experts or ()) == len(rec.prompt_token_ids) + len(rec.token_ids) - 1
 
 
 def test_generate_is_reproducible(vllm_engine: Any, batch: list[PromptInput], oracle: list[PromptRecord]) -> None:
@@ -146,7 +146,7 @@ def test_record_logits_adds_raw_logits(qwen3_moe_path: Path, oracle: list[Prompt
         engine.close()
     for rec, o in zip(records, oracle, strict=True):
         assert (rec.token_ids, rec.top_logprobs) == (o.token_ids, o.top_logprobs)  # no logits processor: same
-        logits = rec.extra["token_logits"]
+        logits = rec.token_logits
         assert len(logits) == len(rec.token_ids)
         # Raw logits of a bf16 model: each is a bf16 value, and not a logprob.
         assert all(float(torch.tensor(x).bfloat16().float()) == x for x in logits)

@@ -26,7 +26,6 @@ from helpers.tiny_models import (  # noqa: E402
 )
 
 from gate.core.engine import PromptInput  # noqa: E402
-from gate.core.traces.moe import ROUTER_TOP  # noqa: E402
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader  # noqa: E402
 from gate.core.verdict.adjudicate import compare  # noqa: E402
 from gate.core.verdict.result import GateResult  # noqa: E402
@@ -68,7 +67,7 @@ def inputs() -> list[PromptInput]:
 def as_trace(role: str, engine: Any, records: list[PromptRecord]) -> Trace:
     info = engine.info()
     if role == "oracle":  # an oracle carries its experts, not its router's scores
-        records = [replace(r, extra={k: v for k, v in r.extra.items() if k != ROUTER_TOP}) for r in records]
+        records = [replace(r, router_top=None) for r in records]
     return Trace(TraceHeader(role, "tiny", TOP_K, {"name": "hf", "version": "t"}, {"moe": info["moe"]}), tuple(records))
 
 
@@ -87,7 +86,7 @@ def test_dense_model_gets_no_hooks(llama_path: Path) -> None:
     assert engine.router_hooks is None and "moe" not in engine.info()
     assert not any(m._forward_hooks for m in engine.model.modules())
     (rec,) = engine.generate(inputs()[:1], TOP_K)
-    assert "routed_experts" not in rec.extra
+    assert rec.routed_experts is None and "routed_experts" not in rec.extra
 
 
 @pytest.mark.parametrize("build", [tiny_mixtral, tiny_deepseek_v3], ids=["mixtral", "deepseek_v3"])
@@ -239,7 +238,7 @@ def test_vllm_pin_records_routing_and_gate_run_attributes_the_planted_tie(
     pin = read_trace(moe_pin / "tiny" / "moe-tie" / "pin.jsonl", role="oracle")  # the reader validates routing
     assert pin.header.extra["moe"] == {"layers": [0, 1], "top_k": 2, "num_experts": 4, "source": "vllm_router_capture"}
     for rec in pin.records:
-        assert len(rec.extra["routed_experts"]) == len(rec.prompt_token_ids) + len(rec.token_ids) - 1
+        assert len(rec.routed_experts or ()) == len(rec.prompt_token_ids) + len(rec.token_ids) - 1
 
     mutant = gate_run(moe_pin, qwen3_moe_tie_path, "router_tie_break=highest")
     flips = [d["routing_flip"] for d in mutant["divergences"] if "routing_flip" in d]

@@ -10,25 +10,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace
+from gate.core.traces.trace import PromptRecord, Trace
 
 FREE, FORCED = "free", "forced"
 
 
 def _lists(rec: PromptRecord, part: str) -> list[list[list[Any]]] | None:
-    raw = rec.top_logprobs if part == FREE else rec.extra.get(FORCED_TOP_KEY)
+    raw = rec.top_logprobs if part == FREE else rec.forced_top_logprobs
     return None if raw is None else [[[int(t), float(lp)] for t, lp in pos] for pos in raw]
 
 
 def _with_lists(rec: PromptRecord, part: str, tops: list[list[list[Any]]] | None) -> PromptRecord:
     if part == FREE:
         return replace(rec, top_logprobs=tops)
-    extra = dict(rec.extra)
-    if tops is None:
-        extra.pop(FORCED_TOP_KEY, None)
-    else:
-        extra[FORCED_TOP_KEY] = tops
-    return replace(rec, extra=extra)
+    return replace(rec, forced_top_logprobs=tops)
 
 
 def _records(trace: Trace, rng: random.Random, change: Callable[[PromptRecord], PromptRecord]) -> Trace:
@@ -133,8 +128,14 @@ def drop_all_lists(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
 
 def drop_forced(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
     def change(rec: PromptRecord) -> PromptRecord:
-        extra = {k: v for k, v in rec.extra.items() if k not in (FORCED_TOP_KEY, "forced_mode")}
-        return replace(rec, forced_token_ids=None, extra=extra)
+        return replace(
+            rec,
+            forced_token_ids=None,
+            forced_mode=None,
+            forced_top_logprobs=None,
+            forced_routed_experts=None,
+            forced_router_top=None,
+        )
 
     return _records(trace, rng, change)
 
@@ -144,7 +145,7 @@ def drop_forced_lists(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
 
 
 def drop_token_logits(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
-    recs = tuple(replace(r, extra={k: v for k, v in r.extra.items() if k != "token_logits"}) for r in trace.records)
+    recs = tuple(replace(r, token_logits=None) for r in trace.records)
     return replace(trace, records=recs)
 
 

@@ -227,7 +227,7 @@ def test_save_trace_then_gate_it_as_a_candidate_trace(pins: Path, tmp_path: Path
     first = report(r)
     trace = read_trace(saved, role="candidate")
     forced = [rec for rec in trace.records if rec.forced_token_ids is not None]
-    assert forced and all(rec.extra["forced_mode"] == "decode" for rec in forced)
+    assert forced and all(rec.forced_mode == "decode" for rec in forced)
     assert trace.header.engine["name"] == "fake" and trace.header.model == TOY_MODEL
 
     # Saving again refuses to clobber, before any engine runs.

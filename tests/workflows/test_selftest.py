@@ -29,7 +29,6 @@ from gate.core.calibration.selftest import (
 )
 from gate.core.pins.diff import exact_top2_ties
 from gate.core.pins.pin import load_pin
-from gate.core.traces.trace import FORCED_TOP_KEY
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
@@ -126,10 +125,7 @@ def test_a_gate_that_ignored_forced_data_would_be_missed(selftest: SelfTestResul
     # The forced decode dropped whole: its ids and its lists (lists alone are refused).
     free_only = replace(
         four.candidate,
-        records=tuple(
-            replace(r, forced_token_ids=None, extra={k: v for k, v in r.extra.items() if k != FORCED_TOP_KEY})
-            for r in four.candidate.records
-        ),
+        records=tuple(replace(r, forced_token_ids=None, forced_top_logprobs=None) for r in four.candidate.records),
     )
     blind = compare(reference, free_only, GRID_DOCTRINE)  # later positions go unadjudicated
     assert len(blind.divergences) < changed

@@ -167,7 +167,7 @@ def test_default_pin_is_committed_with_exact_ties() -> None:
     ties = exact_top2_ties(pin.trace)
     assert len(ties) == 40
     # Raw logits ride along (record_logits), so the pin's ULP doctrine can apply.
-    assert all(len(r.extra["token_logits"]) == len(r.token_ids) for r in pin.trace.records)
+    assert all(len(r.token_logits or ()) == len(r.token_ids) for r in pin.trace.records)
     evidence = {"oracle_ulps": 4, "candidate_ulps": 2, "drift_ulps": 2, "floor_logit": 16}
     floor = pin.settings.doctrine["floor"]  # the distribution verdict's honest floor (docs/reference/doctrine.md)
     assert floor["margin"] > 1 and floor["kl_mean_mnats"] > 0 and "doctrine study" in floor["measured_by"]

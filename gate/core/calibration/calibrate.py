@@ -52,8 +52,8 @@ from gate.errors import InputError
 
 
 def _logits(rec: PromptRecord) -> list[float | None] | None:
-    raw = rec.extra.get("token_logits")
-    if not isinstance(raw, list) or len(raw) != len(rec.token_ids):
+    raw = rec.token_logits
+    if raw is None or len(raw) != len(rec.token_ids):
         return None
     return [float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None for v in raw]
 

@@ -293,9 +293,9 @@ def _class_against_oracle(
     chosen = oracle.token_ids[position]
     if token == chosen:
         return _MATCH
-    logits = oracle.extra.get("token_logits")
+    logits = oracle.token_logits
     top_logit = None
-    if isinstance(logits, list) and position < len(logits) and isinstance(logits[position], (int, float)):
+    if logits is not None and position < len(logits) and isinstance(logits[position], (int, float)):
         top_logit = float(logits[position])
     d = classify(
         prompt_id=oracle.id,

@@ -25,7 +25,14 @@ import orjson
 
 from gate.core.storage.atomic import atomic_write
 from gate.core.traces.header_fields import check_header_fields
-from gate.core.traces.moe import check_routing_fields, parse_moe_header
+from gate.core.traces.moe import (
+    FORCED_ROUTED_EXPERTS,
+    FORCED_ROUTER_TOP,
+    ROUTED_EXPERTS,
+    ROUTER_TOP,
+    check_routing_fields,
+    parse_moe_header,
+)
 from gate.errors import TraceError
 
 TRACE_VERSION = 1
@@ -171,6 +178,15 @@ def _pairs_2d(ids: np.ndarray, logprobs: np.ndarray) -> list[list[list[Any]]]:
 
 @dataclass(frozen=True, slots=True)
 class PromptRecord:
+    """One prompt's record: trace v1's fields, then the additions the verdict reads (each
+    validated once, by the reader or at the engine boundary), then `extra`: any other
+    field, kept verbatim and written back as read.
+
+    A key of `extra` that names one of the additions (`EVIDENCE_KEYS`, e.g. `token_logits`)
+    is moved into that field when the record is made, so a record built as
+    `PromptRecord(..., extra={"token_logits": [...]})` reads the same as one built with
+    `token_logits=[...]`; giving both is a `ValueError`."""
+
     id: str
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
@@ -179,8 +195,32 @@ class PromptRecord:
     prompt: str | None = None
     tokens: tuple[str, ...] | None = None
     forced_token_ids: tuple[int, ...] | None = None
-    # Optional fields beyond v1's (documented in the README), kept verbatim.
+    # Fields beyond v1's that no verdict reads (docs/reference/trace-format.md), kept verbatim.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The chosen token's raw logit per generated position: sizes the dtype's grid step.
+    token_logits: Sequence[float] | None = None
+    # MoE routing (gate.core.traces.moe): per input token, per MoE layer; as the trace holds it.
+    routed_experts: Sequence[Any] | None = None
+    router_top: Sequence[Any] | None = None
+    # The teacher-forced decode beside `forced_token_ids` (candidate only): which path gave it
+    # ("decode" or "prefill"), its routing, and its own top-k at each forced position.
+    forced_mode: str | None = None
+    forced_routed_experts: Sequence[Any] | None = None
+    forced_router_top: Sequence[Any] | None = None
+    forced_top_logprobs: Sequence[TopList] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.extra.keys() & _EVIDENCE_SET:
+            return
+        rest = dict(self.extra)
+        for key in EVIDENCE_KEYS:
+            if key not in rest:
+                continue
+            value = rest.pop(key)
+            if getattr(self, key) is not None:
+                raise ValueError(f"record {self.id!r}: {key} given twice (as a field and in extra)")
+            object.__setattr__(self, key, value)
+        object.__setattr__(self, "extra", rest)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -200,10 +240,38 @@ class PromptRecord:
             out["tokens"] = list(self.tokens)
         if self.forced_token_ids is not None:
             out["forced_token_ids"] = list(self.forced_token_ids)
+        # The order every engine and workflow has always written: the free run's additions,
+        # the other fields, then the forced decode's (added after the free run).
+        _put(out, "token_logits", self.token_logits)
+        _put(out, ROUTED_EXPERTS, self.routed_experts)
+        _put(out, ROUTER_TOP, self.router_top)
         out.update(self.extra)
-        if isinstance(out.get(FORCED_TOP_KEY), TopLogprobs):
-            out[FORCED_TOP_KEY] = out[FORCED_TOP_KEY].tolist()
+        _put(out, "forced_mode", self.forced_mode)
+        _put(out, FORCED_ROUTED_EXPERTS, self.forced_routed_experts)
+        _put(out, FORCED_ROUTER_TOP, self.forced_router_top)
+        top = self.forced_top_logprobs
+        _put(out, FORCED_TOP_KEY, top.tolist() if isinstance(top, TopLogprobs) else top)
         return out
+
+
+# The record fields beyond v1's that decide verdicts: typed fields of PromptRecord, each at
+# the trace key of its own name.
+EVIDENCE_KEYS: tuple[str, ...] = (
+    "token_logits",
+    ROUTED_EXPERTS,
+    ROUTER_TOP,
+    "forced_mode",
+    FORCED_ROUTED_EXPERTS,
+    FORCED_ROUTER_TOP,
+    FORCED_TOP_KEY,
+)
+_EVIDENCE_SET = frozenset(EVIDENCE_KEYS)
+FORCED_MODES = ("decode", "prefill")
+
+
+def _put(out: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        out[key] = value
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +334,7 @@ def _read_trace(name: str, role: str | None) -> Trace:
         seen[rec.id] = lineno
         records.append(rec)
         # What stays: the line's estimate, less what the compact arrays saved.
-        cost += max(len(raw), line_cost - _compacted(rec.top_logprobs) - _compacted(rec.extra.get(FORCED_TOP_KEY)))
+        cost += max(len(raw), line_cost - _compacted(rec.top_logprobs) - _compacted(rec.forced_top_logprobs))
     if header is None:
         raise TraceError(name, None, None, "empty file: a trace needs a header line")
     return Trace(header=header, records=tuple(records), path=name)
@@ -536,21 +604,26 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
             raise TraceError(name, lineno, "tokens", "must be a list of strings")
         if len(tokens) != len(token_ids):
             raise TraceError(name, lineno, "tokens", f"has {len(tokens)} entries for {len(token_ids)} token ids")
+    logits = obj.get("token_logits")
     if "token_logits" in obj:
-        _check_token_logits(name, lineno, obj["token_logits"], token_ids)
+        _check_token_logits(name, lineno, logits, token_ids)
     forced = obj.get("forced_token_ids")
     forced_ids: tuple[int, ...] | None = None
     if forced is not None:
         if oracle:
             raise TraceError(name, lineno, "forced_token_ids", "is for candidate traces only")
         forced_ids = _int_list(name, lineno, "forced_token_ids", forced)
-    extra = {k: v for k, v in obj.items() if k not in _RECORD_KEYS}
-    if extra.get(FORCED_TOP_KEY) is not None:
-        extra[FORCED_TOP_KEY] = check_forced_top(name, lineno, extra[FORCED_TOP_KEY], forced_ids, header, oracle)
+    forced_top = obj.get(FORCED_TOP_KEY)
+    if forced_top is not None:
+        forced_top = check_forced_top(name, lineno, forced_top, forced_ids, header, oracle)
+    mode = obj.get("forced_mode")
+    if mode is not None and mode not in FORCED_MODES:
+        why = f"must be 'decode' or 'prefill' (which path gave the forced data), found {mode!r}"
+        raise TraceError(name, lineno, "forced_mode", why)
     check_routing_fields(
         name,
         lineno,
-        extra,
+        obj,
         header.extra.get("moe"),
         prompt_len=len(prompt_ids),
         generated=len(token_ids),
@@ -566,7 +639,14 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
         prompt=prompt,
         tokens=tuple(tokens) if tokens is not None else None,
         forced_token_ids=forced_ids,
-        extra=extra,
+        extra={k: v for k, v in obj.items() if k not in _RECORD_KEYS and k not in _EVIDENCE_SET},
+        token_logits=logits,
+        routed_experts=obj.get(ROUTED_EXPERTS),
+        router_top=obj.get(ROUTER_TOP),
+        forced_mode=mode,
+        forced_routed_experts=obj.get(FORCED_ROUTED_EXPERTS),
+        forced_router_top=obj.get(FORCED_ROUTER_TOP),
+        forced_top_logprobs=forced_top,
     )
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from gate.core.traces.digest import trace_sha256
-from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, TopList, Trace, TraceHeader
+from gate.core.traces.trace import PromptRecord, TopList, Trace, TraceHeader
 from gate.core.verdict.consistency import check_something_to_compare, header_warnings
 from gate.core.verdict.distribution import measure_distribution
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
@@ -249,7 +249,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
 def candidate_evidence_of(o: PromptRecord, c: PromptRecord, candidate_path: str = "candidate") -> CandidateEvidence:
     """`candidate_evidence` of one prompt pair (for `compare_prompt` called on its own)."""
     head = TraceHeader(role="oracle", model="", top_k=1, engine={})
-    ctop = max((len(p) for p in c.extra.get(FORCED_TOP_KEY) or ()), default=1)
+    ctop = max((len(p) for p in c.forced_top_logprobs or ()), default=1)
     chead = TraceHeader(role="candidate", model="", top_k=max(ctop, 1), engine={})
     return candidate_evidence(Trace(head, (o,)), Trace(chead, (c,), path=candidate_path))
 
@@ -303,8 +303,8 @@ def compare_prompt(
     else:
         matched = sum(1 for i in range(min(n, len(ct))) if ct[i] == ot[i])
         first = next((i for i in range(n) if i >= len(ct) or ct[i] != ot[i]), None)
-    logits = o.extra.get("token_logits")
-    top_logits: Sequence[Any] | None = logits if isinstance(logits, list) and len(logits) == n else None
+    logits = o.token_logits
+    top_logits: Sequence[Any] | None = logits if logits is not None and len(logits) == n else None
 
     ev = evidence if evidence is not None else candidate_evidence_of(o, c, candidate_path)
     own: OwnLists = ev.own(c.id)
@@ -353,7 +353,7 @@ def compare_prompt(
     if first is not None:
         divs[first] = make(first, FREE_RUN, ct[first] if first < len(ct) else None)
     forced = c.forced_token_ids
-    forced_mode = c.extra.get("forced_mode")
+    forced_mode = c.forced_mode
     if forced is not None:
         if len(forced) != n:
             raise InputError(
@@ -361,7 +361,7 @@ def compare_prompt(
                 f"the oracle's token_ids {n}"
             )
         if forced != ot:
-            mode = forced_mode if isinstance(forced_mode, str) else None
+            mode = forced_mode
             for i in range(n):
                 if forced[i] == ot[i]:
                     continue

@@ -159,8 +159,8 @@ def step_at(oracle: PromptRecord, i: int, grid: Any) -> float | None:
     """The grid step at the oracle's top logit at position i (None without token_logits).
 
     `grid` is `gate.core.verdict.grid.grid_step` bound to the doctrine's dtype."""
-    logits = oracle.extra.get("token_logits")
-    if not isinstance(logits, list) or i >= len(logits):
+    logits = oracle.token_logits
+    if logits is None or i >= len(logits):
         return None
     value = logits[i]
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -353,10 +353,10 @@ def own_margin(
     margin in grid steps, at its own top logit, by which it took `new` over `old`, when that
     is within the doctrine's `candidate_ulps` (and not negative) in a run whose drift is
     within the doctrine; else None."""
-    top, logits = candidate.top_logprobs, candidate.extra.get("token_logits")
+    top, logits = candidate.top_logprobs, candidate.token_logits
     if evidence is None or old is None or new is None or top is None or (drift is not None and drift.beyond):
         return None
-    if not isinstance(logits, list) or position >= min(len(logits), len(top)):
+    if logits is None or position >= min(len(logits), len(top)):
         return None
     value = logits[position]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace
+from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.evidence import RunDrift, aligned_tops
@@ -230,10 +230,12 @@ def as_role(trace: Trace, role: str) -> Trace:
 def forced_record(reference: PromptRecord, token_ids: Sequence[int], tops: Sequence[Any] | None) -> PromptRecord:
     """A cell forced along the reference's own tokens: the reference's free run, with the
     cell's choices and top-k at every position as forced data (the trace's addition)."""
-    extra = {k: v for k, v in reference.extra.items() if k != "token_logits"}
+    forced_top = reference.forced_top_logprobs
     if tops is not None:
-        extra[FORCED_TOP_KEY] = [[[int(t), float(lp)] for t, lp in pos] for pos in tops]
-    return replace(reference, forced_token_ids=tuple(int(t) for t in token_ids), extra=extra)
+        forced_top = [[[int(t), float(lp)] for t, lp in pos] for pos in tops]
+    return replace(
+        reference, forced_token_ids=tuple(int(t) for t in token_ids), token_logits=None, forced_top_logprobs=forced_top
+    )
 
 
 def compare_runs(
@@ -300,9 +302,9 @@ def floored(rec: PromptRecord, doctrine: Doctrine) -> PromptRecord:
     least as many units (`gate.core.verdict.doctrine.Evidence`). (A flip whose cell top-k
     lacks either token falls back to `near_tie_ulps`, then also sized at the floor.)"""
     ev = doctrine.evidence
-    if ev is None or isinstance(rec.extra.get("token_logits"), list):
+    if ev is None or rec.token_logits is not None:
         return rec
-    return replace(rec, extra={**rec.extra, "token_logits": [float(ev.floor_logit)] * len(rec.token_ids)})
+    return replace(rec, token_logits=[float(ev.floor_logit)] * len(rec.token_ids))
 
 
 def pin_verdict(result: GateResult) -> PinVerdict:

@@ -1,6 +1,6 @@
 """The candidate's own lists, checked before they are believed: each record's free-run and
-forced lists (the forced ones validated as the reader validates `top_logprobs`, once per
-record), whether each part carries lists at all, and every position where the candidate's
+forced lists (validated once, by the trace reader or where the engine gave them; here
+matched to the oracle's positions), whether each part carries lists at all, and every position where the candidate's
 choice is not a maximum of its own list within one float32 rounding (`NotGreedy`).
 
 Pure functions over token ids and logprobs (no I/O, no torch), used by the adjudication.
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace, TraceHeader, check_forced_top
+from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace
 from gate.core.verdict.grid import logprob_slack
 from gate.errors import InputError
 
@@ -92,22 +92,18 @@ _NO_LISTS = OwnLists(None, None)
 NOT_GREEDY_KEPT = 200
 
 
-def forced_tops(
-    rec: PromptRecord, n: int, path: str = "candidate", header: TraceHeader | None = None
-) -> Sequence[Sequence[Sequence[Any]]] | None:
-    """The record's `forced_top_logprobs` (one list per oracle position), validated as the
-    reader validates `top_logprobs`, or None."""
-    raw = rec.extra.get(FORCED_TOP_KEY)
-    if raw is None:
+def forced_tops(rec: PromptRecord, n: int, path: str = "candidate") -> Sequence[Sequence[Sequence[Any]]] | None:
+    """The record's `forced_top_logprobs` (validated when read, or where the engine gave
+    them), checked to hold one list per oracle position; None where it has none."""
+    tops = rec.forced_top_logprobs
+    if tops is None:
         return None
-    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)) or len(raw) != n:
-        size = len(raw) if isinstance(raw, Sequence) else type(raw).__name__
+    if len(tops) != n:
         raise InputError(
             f"{path}: prompt {rec.id!r}: field {FORCED_TOP_KEY!r}: expected one top-k list per oracle position "
-            f"({n}), found {size}"
+            f"({n}), found {len(tops)}"
         )
-    head = header or TraceHeader(role="candidate", model="", top_k=max((len(p) for p in raw), default=1), engine={})
-    return check_forced_top(f"{path}: prompt {rec.id!r}", None, raw, rec.forced_token_ids, head, False)
+    return tops
 
 
 def free_tops(rec: PromptRecord) -> Sequence[Sequence[Sequence[Any]]] | None:
@@ -180,7 +176,7 @@ def _greedy_breaks_arrays(prompt_id: str, source: str, tops: Any, chosen: Sequen
 
 
 def candidate_evidence(oracle: Trace, candidate: Trace) -> CandidateEvidence:
-    """Check a candidate trace's own lists once (forced lists validated, greedy over its own
+    """Check a candidate trace's own lists once (forced lists matched to the oracle, greedy over its own
     lists at every position), prompts matched by id."""
     n_of = {r.id: len(r.token_ids) for r in oracle.records}
     lists: dict[str, OwnLists] = {}
@@ -191,9 +187,7 @@ def candidate_evidence(oracle: Trace, candidate: Trace) -> CandidateEvidence:
     for rec in candidate.records:
         n = n_of.get(rec.id, len(rec.forced_token_ids or ()))
         free = free_tops(rec)
-        forced = forced_tops(rec, n, candidate.path, candidate.header) if rec.forced_token_ids is not None else None
-        if forced is None and rec.extra.get(FORCED_TOP_KEY) is not None:
-            forced_tops(rec, n, candidate.path, candidate.header)  # refuses lists without forced ids
+        forced = forced_tops(rec, n, candidate.path) if rec.forced_token_ids is not None else None
         lists[rec.id] = OwnLists(free, forced)
         free_any = free_any or _any_list(free)
         forced_any = forced_any or _any_list(forced)

@@ -25,10 +25,6 @@ from typing import Any
 import numpy as np
 
 from gate.core.traces.moe import (
-    FORCED_ROUTED_EXPERTS,
-    FORCED_ROUTER_TOP,
-    ROUTED_EXPERTS,
-    ROUTER_TOP,
     SCORE_LOGPROB,
     MoeInfo,
     RoutingFlip,
@@ -101,12 +97,12 @@ Rows = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
 def _rows(o: PromptRecord, c: PromptRecord, source: str) -> Rows | None:
     """(oracle experts, candidate experts, candidate router ids, scores) for the candidate's
     free run or forced decode; None where either side has no routing."""
-    orows = _array(o.extra.get(ROUTED_EXPERTS), np.int64)
-    fields = (ROUTED_EXPERTS, ROUTER_TOP) if source == FREE_RUN else (FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP)
-    crows = _array(c.extra.get(fields[0]), np.int64)
+    orows = _array(o.routed_experts, np.int64)
+    free = source == FREE_RUN
+    crows = _array(c.routed_experts if free else c.forced_routed_experts, np.int64)
     if orows is None or crows is None:
         return None
-    top = c.extra.get(fields[1])
+    top = c.router_top if free else c.forced_router_top
     ids = scores = None
     if isinstance(top, list) and top:
         arr = np.asarray(top, dtype=np.float64)  # [n, layers, m, 2]
@@ -198,9 +194,9 @@ def _disagreements(oracle: Trace, candidate: Trace, result: GateResult) -> int:
         o = o_by.get(c.id)
         if o is None:
             continue
-        forced = c.extra.get(FORCED_ROUTER_TOP) is not None
-        top = c.extra.get(FORCED_ROUTER_TOP if forced else ROUTER_TOP)
-        orows = _array(o.extra.get(ROUTED_EXPERTS), np.int64)
+        forced = c.forced_router_top is not None
+        top = c.forced_router_top if forced else c.router_top
+        orows = _array(o.routed_experts, np.int64)
         if not isinstance(top, list) or not top or orows is None:
             continue
         arr = np.asarray(top, dtype=np.float64)  # [n, layers, m, 2]
@@ -225,7 +221,7 @@ def oracle_routing(trace: Trace) -> Mapping[tuple[int, ...], list[Any]]:
     """The oracle's recorded experts by prompt token ids: what `routing=oracle` replays."""
     out: dict[tuple[int, ...], list[Any]] = {}
     for r in trace.records:
-        rows = r.extra.get(ROUTED_EXPERTS)
+        rows = r.routed_experts
         if isinstance(rows, list):
             out[tuple(r.prompt_token_ids)] = rows
     return out

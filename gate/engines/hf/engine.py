@@ -199,7 +199,7 @@ class HFEngine(TokenizerMethods):
     def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
         """Greedy free run of each prompt; see `gate.core.engine.Engine` for the shapes.
 
-        Beyond v1's fields, each record's `extra["token_logits"]` holds the raw (float32)
+        Beyond v1's fields, each record's `token_logits` holds the raw (float32)
         logit of the chosen token at every position. With `batch_size` N > 1, up to N
         prompts at a time are decoded together (`gate.engines.hf.schedules`).
         """
@@ -284,8 +284,10 @@ class HFEngine(TokenizerMethods):
                 if i + 1 < prompt.max_tokens:
                     logits, cache = self._decode(step.chosen, cache)
         texts = self.decode_tokens(ids)
-        extra = {"token_logits": logits_out, **self._routing_extra("")}
-        return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts, extra)
+        routing = self._routing_extra("")
+        return greedy_record(
+            prompt, ids, tops if top_k > 0 else None, finish, texts, token_logits=logits_out, **routing
+        )
 
     def _prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
         """One forward over the whole prompt. Returns (logits of the last position, shape

@@ -282,8 +282,8 @@ class MLXEngine(TokenizerMethods):
                     logits = nxt
             self._keep(cache, fed)
         texts = self.decode_tokens(ids)
-        extra = {"token_logits": raw, "pick_not_logit_argmax": odd}
-        return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts, extra)
+        extra = {"pick_not_logit_argmax": odd}
+        return greedy_record(prompt, ids, tops if top_k > 0 else None, finish, texts, extra, token_logits=raw)
 
     def _step(self, tokens: Any, cache: list[Any]) -> Any:
         """One model call on `tokens` (a 1-d array) through `cache`, queued: the last position's

