@@ -201,7 +201,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
     check_something_to_compare(oracle, candidate)
     warnings = header_warnings(oracle, candidate)
 
-    # The candidate's own lists, checked once (forced lists validated, greedy over its lists).
+    # The candidate's own lists, checked once (forced lists matched, greedy over its lists).
     own = candidate_evidence(oracle, candidate)
     drift = None
     if doctrine.evidence is not None:

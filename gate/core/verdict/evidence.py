@@ -299,8 +299,8 @@ def flip_top(
     candidate: PromptRecord, position: int, source: str, n: int, path: str = "candidate"
 ) -> Sequence[Sequence[Any]] | None:
     """The candidate's top-k at a flip: its free-run list at the first divergence (same
-    context as the oracle's), its forced list at a forced one (validated on each call: for
-    one-off use; `compare` checks each record's lists once, `CandidateEvidence`)."""
+    context as the oracle's), its forced list at a forced one (matched to the oracle's
+    positions on each call: for one-off use; `compare` does it once, `CandidateEvidence`)."""
     own = OwnLists(free_tops(candidate), forced_tops(candidate, n, path) if source == FORCED else None)
     return own.at(source, position)
 
