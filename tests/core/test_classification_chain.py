@@ -30,13 +30,14 @@ CALM = RunDrift(20, 0.5, 1.0, 1.0, 0.0, 2.0, 4.0)
 DRIFTING = RunDrift(20, 2.5, 3.0, 4.0, 0.0, 2.0, 4.0)
 
 
-def documented_chain() -> list[tuple[str, str]]:
-    """(code, class) of each row of the doctrine page's "How a divergence is classified" table."""
+def documented_chain() -> list[tuple[str, str, str]]:
+    """(code, class, sentence) of each row of the doctrine page's "How a divergence is
+    classified" table."""
     text = DOCS.read_text(encoding="utf-8")
     section = text.split("## How a divergence is classified", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| (\d+) \| `([a-z_]+)` \| ([a-z ]+) \|", section, flags=re.MULTILINE)
-    assert [int(n) for n, _, _ in rows] == list(range(1, len(rows) + 1))
-    return [(code, CLASS_WORDS[cls]) for _, code, cls in rows]
+    rows = re.findall(r"^\| (\d+) \| `([a-z_]+)` \| ([a-z ]+) \| (.+) \|$", section, flags=re.MULTILINE)
+    assert [int(n) for n, _, _, _ in rows] == list(range(1, len(rows) + 1))
+    return [(code, CLASS_WORDS[cls], says) for _, code, cls, says in rows]
 
 
 def flip(
@@ -89,7 +90,7 @@ CASES: list[tuple[str, Doctrine, PositionEvidence]] = [
 
 
 def test_the_chain_is_the_documented_order() -> None:
-    assert [(r.code, r.cls) for r in CHAIN] == documented_chain()
+    assert [(r.code, r.cls, r.says) for r in CHAIN] == documented_chain()
 
 
 def test_every_rule_is_named_by_a_code_the_reports_print() -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gate.core.traces.trace import TopList
-from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
+from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine, Evidence
 from gate.core.verdict.evidence import RunDrift, candidate_margin
 from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, Divergence
@@ -169,10 +169,20 @@ class Rule:
         return Decision(self.cls, self.code) if self.applies(ev, doctrine) else None
 
 
-def _weighs_evidence(ev: PositionEvidence, doctrine: Doctrine) -> bool:
-    """The evidence rule can be weighed here: a unit, and the candidate's own margin."""
-    has_margin = ev.margin_units is not None and ev.candidate_logprob is not None
-    return doctrine.evidence is not None and ev.unit is not None and has_margin
+class _Weighed(NamedTuple):
+    rule: Evidence
+    unit: float
+    candidate_logprob: float
+    margin_units: float
+
+
+def _evidence_at(ev: PositionEvidence, doctrine: Doctrine) -> _Weighed | None:
+    """What the evidence rule weighs here, or None where it cannot be weighed (no rule, no
+    unit, or no margin: the candidate's own list lacks either token, or it has none)."""
+    rule, unit, c_lp, margin = doctrine.evidence, ev.unit, ev.candidate_logprob, ev.margin_units
+    if rule is None or unit is None or c_lp is None or margin is None:
+        return None
+    return _Weighed(rule, unit, c_lp, margin)
 
 
 def _within(gap: float | None, limit: float, *logprobs: float) -> bool:
@@ -209,25 +219,30 @@ def _drift_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
 
 
 def _oracle_gap_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
-    if not _weighs_evidence(ev, doctrine):
-        return False
-    assert doctrine.evidence is not None and ev.unit is not None and ev.candidate_logprob is not None
-    limit = doctrine.evidence.oracle_ulps * ev.unit
-    return not _within(ev.gap_nats, limit, ev.oracle_logprob, ev.candidate_logprob)
+    at = _evidence_at(ev, doctrine)
+    return at is not None and not _within(
+        ev.gap_nats, at.rule.oracle_ulps * at.unit, ev.oracle_logprob, at.candidate_logprob
+    )
 
 
 def _negative_margin(ev: PositionEvidence, doctrine: Doctrine) -> bool:
     # Its own list ranks the oracle's token above the one it took: no allowance.
-    return _weighs_evidence(ev, doctrine) and (ev.margin_units or 0.0) < 0.0
+    at = _evidence_at(ev, doctrine)
+    return at is not None and at.margin_units < 0.0
 
 
 def _own_margin_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
-    if not _weighs_evidence(ev, doctrine):
+    at = _evidence_at(ev, doctrine)
+    if at is None:
         return False
-    assert doctrine.evidence is not None and ev.unit is not None and ev.margin_units is not None
     own = [float(lp) for _, lp in ev.candidate_top or ()]
     slack = logprob_slack(*own) if own else 0.0
-    return ev.margin_units * ev.unit > doctrine.evidence.candidate_ulps * ev.unit + slack
+    return at.margin_units * at.unit > at.rule.candidate_ulps * at.unit + slack
+
+
+def _near_tie_evidence(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    # Reached only past the three limits above: the rule weighed here ratifies.
+    return _evidence_at(ev, doctrine) is not None
 
 
 def _no_list(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -252,7 +267,7 @@ def _always(ev: PositionEvidence, doctrine: Doctrine) -> bool:
 # The doctrine, in order: the first rule that answers decides. Rules that need what a
 # position may lack (a logit, a unit, the candidate's own list) pass without it.
 CHAIN: tuple[Rule, ...] = (
-    Rule(RULE_RAN_OUT, DEFECT, _ran_out, "the candidate stopped before the oracle's continuation ended"),
+    Rule(RULE_RAN_OUT, DEFECT, _ran_out, "the candidate stopped before this position"),
     Rule(RULE_NOT_IN_TOP_K, DEFECT, _not_in_top_k, "the candidate's token is not in the oracle's top-k list"),
     Rule(
         RULE_NOT_GREEDY,
@@ -261,18 +276,18 @@ CHAIN: tuple[Rule, ...] = (
         "the candidate is not greedy over its own logprobs somewhere in the run: no allowance anywhere",
     ),
     Rule(RULE_EXACT_TIE, EXACT_TIE, _exact_tie, "both logprobs are equal bit for bit: a tie-break convention"),
-    Rule(RULE_MNATS, NEAR_TIE, _near_tie_mnats, "0 < the oracle's gap <= near_tie_mnats"),
+    Rule(RULE_MNATS, NEAR_TIE, _near_tie_mnats, "0 < the oracle's gap ≤ `near_tie_mnats`"),
     Rule(
         RULE_DRIFT_BEYOND,
         DEFECT,
         _drift_beyond,
-        "the run drifts beyond the evidence rule's limits: no allowance beyond the mnats",
+        "the top logit is known and the run drifts beyond the evidence rule's limits: no allowance past the mnats",
     ),
     Rule(
         RULE_ORACLE_GAP,
         DEFECT,
         _oracle_gap_beyond,
-        "evidence rule, with the candidate's own list: the oracle's gap is beyond oracle_ulps units",
+        "evidence rule (the candidate's own list holds both tokens): the oracle's gap is beyond `oracle_ulps` units",
     ),
     Rule(
         RULE_NEGATIVE_MARGIN,
@@ -284,23 +299,33 @@ CHAIN: tuple[Rule, ...] = (
         RULE_OWN_MARGIN,
         DEFECT,
         _own_margin_beyond,
-        "evidence rule: the candidate's own margin for its token is beyond candidate_ulps units",
+        "evidence rule: the candidate's own margin for its token is beyond `candidate_ulps` units",
     ),
     Rule(
         RULE_EVIDENCE,
         NEAR_TIE,
-        _weighs_evidence,
+        _near_tie_evidence,
         "evidence rule: the oracle's gap and the candidate's own margin are both within their limits",
     ),
     Rule(
         RULE_NO_LIST,
         DEFECT,
         _no_list,
-        "evidence rule, no usable own list here while the rest of the candidate's part has lists",
+        "evidence rule, but no usable own list here while the rest of the candidate's part has lists",
     ),
-    Rule(RULE_GRID, NEAR_TIE, _near_tie_grid_steps, "the gap is within near_tie_ulps steps of the top logit's grid"),
-    Rule(RULE_BEYOND_GRID, DEFECT, _beyond_grid_steps, "the gap is beyond near_tie_ulps grid steps"),
-    Rule(RULE_BEYOND_MNATS, DEFECT, _always, "no rule ratified the gap: beyond near_tie_mnats"),
+    Rule(
+        RULE_GRID,
+        NEAR_TIE,
+        _near_tie_grid_steps,
+        "the oracle's top logit is known and the gap is within `near_tie_ulps` steps of its grid",
+    ),
+    Rule(
+        RULE_BEYOND_GRID,
+        DEFECT,
+        _beyond_grid_steps,
+        "the oracle's top logit is known, `near_tie_ulps` is set, and the gap is beyond it",
+    ),
+    Rule(RULE_BEYOND_MNATS, DEFECT, _always, "always: no rule above ratified the gap"),
 )
 
 

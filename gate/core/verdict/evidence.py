@@ -1,7 +1,8 @@
 """The candidate's own evidence: how close it saw a flip, and how far it drifts over a run.
 
 Pure functions over token ids and logprobs (no I/O, no torch), used by the adjudication
-when the doctrine asks for evidence (`Doctrine.candidate_margin_ulps`, `max_drift_ulps`).
+when the doctrine asks for evidence (`Doctrine.evidence`); the rules that weigh it are in
+`gate.core.verdict.chain`.
 
 Everything is measured in steps of the model dtype's grid at the size of the oracle's top
 logit at that position (`grid_step` of the pin's `token_logits`), floored at the step of
