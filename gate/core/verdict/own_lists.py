@@ -16,6 +16,7 @@ import numpy as np
 
 from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace, TraceHeader, check_forced_top
 from gate.core.verdict.grid import logprob_slack
+from gate.core.verdict.record_fields import forced_top_logprobs
 from gate.errors import InputError
 
 FREE_RUN = "free_run"  # the values of `Divergence.source` (gate.core.verdict.result)
@@ -97,7 +98,7 @@ def forced_tops(
 ) -> Sequence[Sequence[Sequence[Any]]] | None:
     """The record's `forced_top_logprobs` (one list per oracle position), validated as the
     reader validates `top_logprobs`, or None."""
-    raw = rec.extra.get(FORCED_TOP_KEY)
+    raw = forced_top_logprobs(rec)
     if raw is None:
         return None
     if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)) or len(raw) != n:
@@ -192,7 +193,7 @@ def candidate_evidence(oracle: Trace, candidate: Trace) -> CandidateEvidence:
         n = n_of.get(rec.id, len(rec.forced_token_ids or ()))
         free = free_tops(rec)
         forced = forced_tops(rec, n, candidate.path, candidate.header) if rec.forced_token_ids is not None else None
-        if forced is None and rec.extra.get(FORCED_TOP_KEY) is not None:
+        if forced is None and forced_top_logprobs(rec) is not None:
             forced_tops(rec, n, candidate.path, candidate.header)  # refuses lists without forced ids
         lists[rec.id] = OwnLists(free, forced)
         free_any = free_any or _any_list(free)
