@@ -24,6 +24,7 @@ from helpers.trace_builders import (
 import gate.core.verdict.adjudicate as adjudicate
 from gate.core.traces.trace import read_trace
 from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.chain import PositionEvidence
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import (
     DEFECT,
@@ -188,15 +189,15 @@ Classify = Callable[..., Divergence]
 _real_classify: Classify = adjudicate.classify
 
 
-def _tie_break_reversed(**kw: Any) -> Divergence:
-    d = _real_classify(**kw)
+def _tie_break_reversed(ev: PositionEvidence, doctrine: Doctrine) -> Divergence:
+    d = _real_classify(ev, doctrine)
     flip = {"lower_id": "higher_id", "higher_id": "lower_id"}
     return replace(d, tie_break=flip.get(d.tie_break)) if d.tie_break else d
 
 
-def _tie_within_tolerance(**kw: Any) -> Divergence:
+def _tie_within_tolerance(ev: PositionEvidence, doctrine: Doctrine) -> Divergence:
     # "equal enough": a tie within 1e-6 mnats instead of bit for bit
-    d = _real_classify(**kw)
+    d = _real_classify(ev, doctrine)
     gap = d.oracle_minus_candidate_mnats
     if d.cls == NEAR_TIE and gap is not None and gap < 1e-6:
         assert d.candidate_token is not None
@@ -205,47 +206,45 @@ def _tie_within_tolerance(**kw: Any) -> Divergence:
     return d
 
 
-def _threshold_exclusive(**kw: Any) -> Divergence:
+def _threshold_exclusive(ev: PositionEvidence, doctrine: Doctrine) -> Divergence:
     # gap < threshold instead of gap <= threshold
-    d = _real_classify(**kw)
-    if d.cls == NEAR_TIE and d.oracle_minus_candidate_mnats == kw["doctrine"].near_tie_mnats:
+    d = _real_classify(ev, doctrine)
+    if d.cls == NEAR_TIE and d.oracle_minus_candidate_mnats == doctrine.near_tie_mnats:
         return replace(d, cls=DEFECT)
     return d
 
 
-def _gap_in_nats(**kw: Any) -> Divergence:
+def _gap_in_nats(ev: PositionEvidence, doctrine: Doctrine) -> Divergence:
     # forgot the x1000: gaps in nats judged against a threshold in mnats
-    d = _real_classify(**kw)
+    d = _real_classify(ev, doctrine)
     gap = d.oracle_minus_candidate_mnats
     if gap is None or d.cls == EXACT_TIE:
         return d
     gap /= 1000.0
-    return replace(
-        d, oracle_minus_candidate_mnats=gap, cls=NEAR_TIE if gap <= kw["doctrine"].near_tie_mnats else DEFECT
-    )
+    return replace(d, oracle_minus_candidate_mnats=gap, cls=NEAR_TIE if gap <= doctrine.near_tie_mnats else DEFECT)
 
 
-def _rank_highest_id_first(**kw: Any) -> Divergence:
+def _rank_highest_id_first(ev: PositionEvidence, doctrine: Doctrine) -> Divergence:
     # ties ranked by the highest id first (the candidate's rule, not torch.argmax's)
-    d = _real_classify(**kw)
+    d = _real_classify(ev, doctrine)
     if d.candidate_rank is None or d.candidate_logprob is None:
         return d
     c, lp = d.candidate_token, d.candidate_logprob
     assert c is not None
-    rank = 1 + sum(1 for t, v in kw["top"] if v > lp or (v == lp and t > c))
+    rank = 1 + sum(1 for t, v in ev.top if v > lp or (v == lp and t > c))
     return replace(d, candidate_rank=rank)
 
 
-def _gap_from_top1(**kw: Any) -> Divergence:
+def _gap_from_top1(ev: PositionEvidence, doctrine: Doctrine) -> Divergence:
     # oracle_minus_candidate measured from the list's head rather than from the oracle's token
-    d = _real_classify(**kw)
+    d = _real_classify(ev, doctrine)
     if d.oracle_minus_candidate_mnats is None or d.candidate_logprob is None:
         return d
     return replace(d, oracle_minus_candidate_mnats=d.top2_gap_mnats)
 
 
-def _stopped_is_ratified(**kw: Any) -> Divergence:
-    d = _real_classify(**kw)
+def _stopped_is_ratified(ev: PositionEvidence, doctrine: Doctrine) -> Divergence:
+    d = _real_classify(ev, doctrine)
     return replace(d, cls=NEAR_TIE) if d.candidate_token is None else d
 
 

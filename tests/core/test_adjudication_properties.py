@@ -21,7 +21,8 @@ from gate.core.traces.trace import (
     read_trace,
     write_trace,
 )
-from gate.core.verdict.adjudicate import classify, compare
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, EXACT_TIE, FAIL, NEAR_TIE, RATIFIED_PASS, STRICT_PASS
 from gate.errors import TraceError
@@ -59,15 +60,17 @@ def argmax_order(top: list[list[Any]]) -> list[int]:
 
 
 def judge(top: list[list[Any]], cand: int | None, near: float = 125.0) -> Any:
-    return classify(
+    doctrine = Doctrine(near_tie_mnats=near)
+    evidence = position_evidence(
         prompt_id="p",
         position=0,
         source="free_run",
         top=top,
         oracle_token=top[0][0],
         candidate_token=cand,
-        doctrine=Doctrine(near_tie_mnats=near),
+        doctrine=doctrine,
     )
+    return classify(evidence, doctrine)
 
 
 @FAST

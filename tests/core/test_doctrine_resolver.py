@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.core.verdict.adjudicate import classify
+from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.doctrine import (
     DEFAULT_NEAR_TIE_MNATS,
     DOCTRINE_FIELDS,
@@ -196,7 +196,7 @@ def flips(draw: st.DrawFn) -> tuple[list[list[Any]], list[list[Any]], float]:
 
 def _judge(doctrine: Doctrine, case: tuple[list[list[Any]], list[list[Any]], float]) -> str:
     o_top, c_top, logit = case
-    d = classify(
+    evidence = position_evidence(
         prompt_id="p",
         position=0,
         source="forced",
@@ -207,7 +207,7 @@ def _judge(doctrine: Doctrine, case: tuple[list[list[Any]], list[list[Any]], flo
         top_logit=logit,
         candidate_top=c_top,
     )
-    return d.cls
+    return classify(evidence, doctrine).cls
 
 
 @FAST

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace, TraceHeader
-from gate.core.verdict.adjudicate import classify, compare
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.doctrine import Doctrine, Evidence
 from gate.core.verdict.evidence import (
     MIN_DRIFT_POSITIONS,
@@ -160,7 +161,7 @@ def _flip(u_o: float, u_c: float | None, doctrine: Doctrine = DOCTRINE, drift: A
     """Oracle 5 at -0.5, candidate 7 at u_o steps below; the candidate sees 7 ahead by u_c."""
     o_top = top((5, -0.5), (7, -0.5 - u_o * STEP), (9, -3.0))
     c_top = top((7, -0.5), (5, -0.5 - u_c * STEP), (9, -3.0)) if u_c is not None else None
-    return classify(
+    evidence = position_evidence(
         prompt_id="p",
         position=0,
         source="free_run",
@@ -172,6 +173,7 @@ def _flip(u_o: float, u_c: float | None, doctrine: Doctrine = DOCTRINE, drift: A
         candidate_top=c_top,
         drift=drift,
     )
+    return classify(evidence, doctrine)
 
 
 def hair(steps: float) -> float:
@@ -300,10 +302,10 @@ def test_the_unit_does_not_shrink_below_the_floor_logit() -> None:
         "top_logit": 5.0,
         "candidate_top": c_top,
     }
-    floored = classify(doctrine=DOCTRINE, **kw)
+    floored = classify(position_evidence(doctrine=DOCTRINE, **kw), DOCTRINE)
     assert floored.cls == NEAR_TIE and floored.gap_ulps == 4.5  # reported in the logit's own steps
     bare = Doctrine(near_tie_mnats=0.0, near_tie_ulps=2.0, evidence=Evidence(3.0, 1.0, 2.0, floor_logit=0.0))
-    assert classify(doctrine=bare, **kw).cls == DEFECT
+    assert classify(position_evidence(doctrine=bare, **kw), bare).cls == DEFECT
 
 
 # --------------------------------------------------------------------------- the doctrine travels with the pin

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate.core.verdict.adjudicate import classify
+from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.doctrine import Doctrine, Evidence
 from gate.core.verdict.evidence import RunDrift
 from gate.core.verdict.grid import grid_step, logprob_slack
@@ -46,7 +46,7 @@ def _case(u_o: float, u_c: float | None, logit: float, floor: float = 16.0) -> d
 
 
 def _classify(case: dict[str, Any], doctrine: Doctrine, **kw: Any) -> Any:
-    return classify(
+    evidence = position_evidence(
         prompt_id="p",
         position=0,
         source="forced",
@@ -56,6 +56,7 @@ def _classify(case: dict[str, Any], doctrine: Doctrine, **kw: Any) -> Any:
         **case,
         **kw,
     )
+    return classify(evidence, doctrine)
 
 
 def _doctrine(mnats: float, ulps: float | None, o: float, c: float, d: float = 2.0) -> Doctrine:

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from gate.cli.main import app
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
-from gate.core.verdict.adjudicate import classify, compare
+from gate.core.verdict.adjudicate import compare
+from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE
@@ -83,7 +84,7 @@ def test_grid_step_names_and_unknown_dtype() -> None:
 
 def _classify(o_lp: float, c_lp: float, top_logit: float | None, doctrine: Doctrine, rival: int = 9) -> Any:
     top = [[5, o_lp], [rival, c_lp]] if o_lp > c_lp or rival > 5 else [[rival, c_lp], [5, o_lp]]
-    return classify(
+    evidence = position_evidence(
         prompt_id="p",
         position=0,
         source="free_run",
@@ -93,6 +94,7 @@ def _classify(o_lp: float, c_lp: float, top_logit: float | None, doctrine: Doctr
         doctrine=doctrine,
         top_logit=top_logit,
     )
+    return classify(evidence, doctrine)
 
 
 @pytest.mark.parametrize("dtype", sorted(BITS))

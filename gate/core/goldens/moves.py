@@ -13,7 +13,7 @@ from typing import Any
 
 from gate.core.traces.machine import machine_key, same_machine
 from gate.core.traces.trace import PromptRecord, Trace
-from gate.core.verdict.adjudicate import classify
+from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.verdict.evidence import RunDrift, own_margin
 from gate.core.verdict.result import EXACT_TIE, NEAR_TIE
@@ -297,7 +297,7 @@ def _class_against_oracle(
     top_logit = None
     if logits is not None and position < len(logits) and isinstance(logits[position], (int, float)):
         top_logit = float(logits[position])
-    d = classify(
+    evidence = position_evidence(
         prompt_id=oracle.id,
         position=position,
         source="free_run",
@@ -309,7 +309,7 @@ def _class_against_oracle(
         candidate_top=candidate_top,
         drift=drift,
     )
-    return d.cls
+    return classify(evidence, doctrine).cls
 
 
 def _own_gap(candidate: PromptRecord, position: int, old: int | None, new: int | None) -> float | None:

@@ -1,8 +1,9 @@
 """Adjudication: pure functions over token ids and logprobs (no I/O, no torch).
 
 `compare(oracle, candidate, doctrine) -> GateResult` implements the spec's rules:
-prompt matching, the free-run first divergence, every forced mismatch, the gaps, the
-class, the tie-break direction, the counts and the verdict.
+prompt matching, the free-run first divergence, every forced mismatch, the counts and the
+verdict. Each divergence's class, gaps and tie-break direction are decided in
+`gate.core.verdict.chain` (`classify`, re-exported here).
 """
 
 from __future__ import annotations
@@ -12,21 +13,20 @@ from dataclasses import replace
 from typing import Any
 
 from gate.core.traces.digest import trace_sha256
-from gate.core.traces.trace import PromptRecord, TopList, Trace, TraceHeader
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
+from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.consistency import check_something_to_compare, header_warnings
 from gate.core.verdict.distribution import measure_distribution
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
-from gate.core.verdict.evidence import RunDrift, candidate_margin, evidence_verdict, run_drift
-from gate.core.verdict.grid import grid_step, logprob_slack
+from gate.core.verdict.evidence import RunDrift, run_drift
+from gate.core.verdict.grid import grid_step
 from gate.core.verdict.own_lists import CandidateEvidence, OwnLists, candidate_evidence
 from gate.core.verdict.result import (
     _SEVERITY,
     ALTERNATIVES_SHOWN,
     DEFECT,
-    EXACT_TIE,
     FORCED,
     FREE_RUN,
-    NEAR_TIE,
     OUTCOME_MATCH,
     OUTCOME_OF_CLASS,
     OUTCOME_UNADJUDICATED,
@@ -34,146 +34,7 @@ from gate.core.verdict.result import (
     GateResult,
     PromptResult,
 )
-from gate.core.verdict.rules import (
-    RULE_BEYOND_GRID,
-    RULE_BEYOND_MNATS,
-    RULE_DRIFT_BEYOND,
-    RULE_EVIDENCE,
-    RULE_EXACT_TIE,
-    RULE_GRID,
-    RULE_MNATS,
-    RULE_NO_LIST,
-    RULE_NOT_GREEDY,
-    RULE_NOT_IN_TOP_K,
-    RULE_RAN_OUT,
-)
 from gate.errors import InputError
-
-# --------------------------------------------------------------------------- classification
-
-
-def classify(
-    *,
-    prompt_id: str,
-    position: int,
-    source: str,
-    top: TopList,
-    oracle_token: int,
-    candidate_token: int | None,
-    doctrine: Doctrine,
-    top_logit: float | None = None,
-    candidate_top: TopList | None = None,
-    drift: RunDrift | None = None,
-    part_has_lists: bool = False,
-    not_greedy: bool = False,
-) -> Divergence:
-    """Classify one position where the candidate took `candidate_token` and the oracle `oracle_token`.
-
-    `candidate_top` (the candidate's own top-k at this position) and `drift` (the run's) are
-    the evidence the doctrine's `evidence` rule weighs. Without a list here the rule falls
-    back to `near_tie_ulps` only where the part (free run or forced) carries no lists at
-    all (`part_has_lists` False): less evidence never ratifies more. A candidate that is not
-    greedy over its own lists (`not_greedy`) earns no allowance at all. The divergence's
-    `rule` names what decided it (`gate.core.verdict.rules`)."""
-    lps = {int(t): float(lp) for t, lp in top}
-    o_lp = lps[oracle_token]
-    top2 = 1000.0 * (float(top[0][1]) - float(top[1][1])) if len(top) >= 2 else None
-    step = grid_step(top_logit, doctrine.dtype or DEFAULT_DTYPE) if top_logit is not None else None
-    ev = doctrine.evidence
-    # The evidence rule's unit: the grid step at the top logit, floored (`Evidence`).
-    unit = (
-        grid_step(ev.unit_logit(top_logit), doctrine.dtype or DEFAULT_DTYPE)
-        if ev is not None and top_logit is not None
-        else None
-    )
-    base: dict[str, Any] = {
-        "prompt_id": prompt_id,
-        "position": position,
-        "source": source,
-        "oracle_token": oracle_token,
-        "candidate_token": candidate_token,
-        "top2_gap_mnats": top2,
-        "oracle_logprob": o_lp,
-        "ulp_mnats": 1000.0 * step if step is not None else None,
-        "unit_mnats": 1000.0 * unit if unit is not None else None,
-    }
-    if candidate_token is None or candidate_token not in lps:
-        lowest = min(lps.values())
-        return Divergence(
-            **base,
-            cls=DEFECT,
-            oracle_minus_candidate_mnats=None,
-            gap_lower_bound_mnats=1000.0 * (o_lp - lowest),
-            candidate_rank=None,
-            tie_break=None,
-            rule=RULE_RAN_OUT if candidate_token is None else RULE_NOT_IN_TOP_K,
-        )
-    c_lp = lps[candidate_token]
-    gap = 1000.0 * (o_lp - c_lp)
-    # Rank in the order torch.argmax would choose: logprob descending, then lowest id.
-    rank = 1 + sum(1 for t, lp in lps.items() if lp > c_lp or (lp == c_lp and t < candidate_token))
-    # In nats straight from the logprobs: a round trip through mnats could add a rounding.
-    gap_ulps = (o_lp - c_lp) / step if step is not None else None
-    gap_units = (o_lp - c_lp) / unit if unit is not None else None
-    margin = candidate_margin(candidate_top, oracle_token, candidate_token, unit) if unit is not None else None
-    tie_break: str | None = None
-    if c_lp == o_lp:
-        tie_break = "lower_id" if candidate_token < oracle_token else "higher_id"
-    if not_greedy:
-        # Its lists contradict its own choices somewhere: its flips prove nothing (a
-        # sampler with a penalty left on, logprobs taken before it).
-        cls, rule = DEFECT, RULE_NOT_GREEDY
-    elif tie_break is not None:
-        cls, rule = EXACT_TIE, RULE_EXACT_TIE
-    else:
-        cls, rule = _near_or_defect(o_lp, c_lp, gap, step, unit, margin, doctrine, candidate_top, drift, part_has_lists)
-    return Divergence(
-        **base,
-        cls=cls,
-        oracle_minus_candidate_mnats=gap,
-        gap_lower_bound_mnats=None,
-        candidate_rank=rank,
-        tie_break=tie_break,
-        candidate_logprob=c_lp,
-        gap_ulps=gap_ulps,
-        candidate_margin_ulps=margin,
-        gap_units=gap_units,
-        rule=rule,
-    )
-
-
-def _near_or_defect(
-    o_lp: float,
-    c_lp: float,
-    gap: float,
-    step: float | None,
-    unit: float | None,
-    margin: float | None,
-    doctrine: Doctrine,
-    candidate_top: TopList | None,
-    drift: RunDrift | None,
-    part_has_lists: bool,
-) -> tuple[str, str]:
-    """(class, rule) of a flip that is not an exact tie: the first rule that ratifies it,
-    else the limit that failed."""
-    if 0.0 < gap <= doctrine.near_tie_mnats:
-        return NEAR_TIE, RULE_MNATS
-    ev = doctrine.evidence
-    if step is None:  # no raw logits: only the fixed mnats apply
-        return DEFECT, RULE_BEYOND_MNATS
-    if drift is not None and drift.beyond:
-        return DEFECT, RULE_DRIFT_BEYOND  # a run drifting beyond the doctrine earns no allowance in grid steps
-    if ev is not None and margin is not None and unit is not None:
-        failed = evidence_verdict(o_lp, c_lp, margin, unit, ev, candidate_top)
-        return (NEAR_TIE, RULE_EVIDENCE) if failed is None else (DEFECT, failed)
-    if ev is not None and part_has_lists:
-        return DEFECT, RULE_NO_LIST  # less evidence is never laxer than the lists elsewhere
-    if doctrine.near_tie_ulps is not None:
-        if 0.0 < o_lp - c_lp <= doctrine.near_tie_ulps * step + logprob_slack(o_lp, c_lp):
-            return NEAR_TIE, RULE_GRID
-        return DEFECT, RULE_BEYOND_GRID
-    return DEFECT, RULE_BEYOND_MNATS
-
 
 # --------------------------------------------------------------------------- comparison
 
@@ -312,7 +173,7 @@ def compare_prompt(
 
     def make(i: int, source: str, cand_token: int | None, mode: str | None = None) -> Divergence:
         tl = top_logits[i] if top_logits is not None else None
-        d = classify(
+        evidence_here = position_evidence(
             prompt_id=o.id,
             position=i,
             source=source,
@@ -326,6 +187,7 @@ def compare_prompt(
             part_has_lists=ev.has_lists(source),
             not_greedy=not_greedy,
         )
+        d = classify(evidence_here, doctrine)
         vocab = texts()
         alts = tuple((int(t), float(lp), vocab.get(int(t))) for t, lp in top[i][:ALTERNATIVES_SHOWN])
         if cand_token is None:

@@ -1,7 +1,8 @@
 """The candidate's own evidence: how close it saw a flip, and how far it drifts over a run.
 
 Pure functions over token ids and logprobs (no I/O, no torch), used by the adjudication
-when the doctrine asks for evidence (`Doctrine.candidate_margin_ulps`, `max_drift_ulps`).
+when the doctrine asks for evidence (`Doctrine.evidence`); the rules that weigh it are in
+`gate.core.verdict.chain`.
 
 Everything is measured in steps of the model dtype's grid at the size of the oracle's top
 logit at that position (`grid_step` of the pin's `token_logits`), floored at the step of
@@ -41,9 +42,8 @@ from typing import Any
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.coverage import context_lists
 from gate.core.verdict.doctrine import Evidence
-from gate.core.verdict.grid import grid_step, logprob_slack
+from gate.core.verdict.grid import grid_step
 from gate.core.verdict.own_lists import FORCED, CandidateEvidence, OwnLists, forced_tops, free_tops
-from gate.core.verdict.rules import RULE_NEGATIVE_MARGIN, RULE_ORACLE_GAP, RULE_OWN_MARGIN
 
 # Fewer measured positions than this and the drift (of the run, a prompt, a window) is not
 # judged: too little evidence.
@@ -303,41 +303,6 @@ def flip_top(
     positions on each call: for one-off use; `compare` does it once, `CandidateEvidence`)."""
     own = OwnLists(free_tops(candidate), forced_tops(candidate, n, path) if source == FORCED else None)
     return own.at(source, position)
-
-
-def evidence_verdict(
-    o_lp: float,
-    c_lp: float,
-    margin: float,
-    step: float,
-    evidence: Evidence,
-    candidate_top: Sequence[Sequence[Any]] | None,
-) -> str | None:
-    """The evidence rule at one flip: None when the oracle's gap and the candidate's own
-    margin are both within their limits (each up to one float32 rounding of its logprobs,
-    as `logprob_slack`), else the limit that failed. A negative margin (the candidate's own
-    list puts the oracle's token above the one it took) never earns an allowance."""
-    if not 0.0 < o_lp - c_lp <= evidence.oracle_ulps * step + logprob_slack(o_lp, c_lp):
-        return RULE_ORACLE_GAP
-    if margin < 0.0:
-        return RULE_NEGATIVE_MARGIN
-    own = [float(lp) for _, lp in candidate_top or ()]
-    slack = logprob_slack(*own) if own else 0.0
-    if margin * step > evidence.candidate_ulps * step + slack:
-        return RULE_OWN_MARGIN
-    return None
-
-
-def evidence_near(
-    o_lp: float,
-    c_lp: float,
-    margin: float,
-    step: float,
-    evidence: Evidence,
-    candidate_top: Sequence[Sequence[Any]] | None,
-) -> bool:
-    """The evidence rule at one flip (see `evidence_verdict`): True for a near tie."""
-    return evidence_verdict(o_lp, c_lp, margin, step, evidence, candidate_top) is None
 
 
 def own_margin(

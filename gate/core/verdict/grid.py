@@ -1,6 +1,6 @@
 """The grid of a floating-point dtype: how far apart two representable logits are.
 
-Pure arithmetic (no torch); `gate.core.verdict.adjudicate` re-exports these names.
+Pure arithmetic (no torch): the units of the rules in `gate.core.verdict.chain`.
 """
 
 from __future__ import annotations

@@ -47,6 +47,15 @@ OUTCOME_NAMES = {
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
+    """One classified position (`gate.core.verdict.chain.classify` makes it).
+
+    Two units, on purpose (the JSON keys are the report's, kept as they are): `gap_ulps`
+    counts steps of the dtype's grid at the oracle's top logit (`ulp_mnats` each), the grid
+    rule's unit, while `gap_units` and `candidate_margin_ulps` count the evidence rule's
+    unit (`unit_mnats` each), that step taken at max(|top logit|, floor_logit) so that it
+    never shrinks below where honest drift stops shrinking; the two agree at |top logit| >=
+    floor_logit."""
+
     prompt_id: str
     position: int
     source: str
@@ -71,9 +80,7 @@ class Divergence:
     alternatives: tuple[tuple[int, float, str | None], ...] = ()
     # MoE models: the first router flip at or before this position (gate.core.verdict.routing).
     routing_flip: RoutingFlip | None = None
-    # What decided the class (RULE_*). Units: `gap_ulps` counts steps of the logit's own
-    # grid (`ulp_mnats` each); `gap_units` and `candidate_margin_ulps` count the evidence
-    # rule's floored unit (`unit_mnats` each: the grid step at max(|top logit|, floor_logit)).
+    # The code of the rule that decided the class (`gate.core.verdict.chain.CHAIN`).
     rule: str = ""
     gap_units: float | None = None
     unit_mnats: float | None = None

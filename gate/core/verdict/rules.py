@@ -1,5 +1,6 @@
 """The names of the rules that decide a divergence (`Divergence.rule`, the JSON report's `rule`):
-for a tie, the rule that ratified it; for a defect, the limit it failed (pure constants)."""
+for a tie, the rule that ratified it; for a defect, the limit it failed (pure constants). The
+order in which they are tried, and what each one weighs, is `gate.core.verdict.chain.CHAIN`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,378 @@
+"""Why a divergence has its class, in one place (pure: no I/O, no torch).
+
+- `PositionEvidence`: everything the doctrine weighs at one position where the candidate's
+  token is not the oracle's, measured once (`position_evidence`).
+- `CHAIN`: the doctrine as an ordered tuple of small rules, each named by the rule code the
+  reports print (`Divergence.rule`, the JSON report's `rule`, `gate.core.verdict.rules`).
+  A rule answers with its class or passes (None).
+- `classify(evidence, doctrine)`: the first rule that answers. The last rule
+  (`beyond_mnats`) always answers.
+
+docs/reference/doctrine.md ("How a divergence is classified") lists the chain in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from gate.core.traces.trace import TopList
+from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine, Evidence
+from gate.core.verdict.evidence import RunDrift, candidate_margin
+from gate.core.verdict.grid import grid_step, logprob_slack
+from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, Divergence
+from gate.core.verdict.rules import (
+    RULE_BEYOND_GRID,
+    RULE_BEYOND_MNATS,
+    RULE_DRIFT_BEYOND,
+    RULE_EVIDENCE,
+    RULE_EXACT_TIE,
+    RULE_GRID,
+    RULE_MNATS,
+    RULE_NEGATIVE_MARGIN,
+    RULE_NO_LIST,
+    RULE_NOT_GREEDY,
+    RULE_NOT_IN_TOP_K,
+    RULE_ORACLE_GAP,
+    RULE_OWN_MARGIN,
+    RULE_RAN_OUT,
+)
+
+# --------------------------------------------------------------------------- the evidence
+
+
+@dataclass(frozen=True, slots=True)
+class PositionEvidence:
+    """What the doctrine weighs at one position (oracle token o, candidate token c != o).
+
+    Two units, on purpose: `grid_step` is one step of the dtype's grid at the oracle's top
+    logit (the grid rule's unit, `near_tie_ulps`; `gap_ulps`/`ulp_mnats` in reports), and
+    `unit` is that step at max(|top logit|, the evidence rule's `floor_logit`), so that it
+    never shrinks below the size where honest drift stops shrinking (the evidence rule's
+    unit; `gap_units`/`unit_mnats`/`candidate_margin_ulps` in reports); they agree at
+    |top logit| >= floor_logit, and below it the unit is the larger.
+    """
+
+    prompt_id: str
+    position: int
+    source: str  # FREE_RUN or FORCED
+    top: TopList  # the oracle's top-k list here
+    oracle_token: int
+    candidate_token: int | None  # None: the candidate ran out before this position
+    oracle_logprob: float
+    # None where the candidate ran out or its token is not in the oracle's list.
+    candidate_logprob: float | None
+    lowest_logprob: float  # the oracle list's lowest: the lower bound of an unlisted token's gap
+    top2_gap_mnats: float | None
+    rank: int | None  # c's place in the list in torch.argmax's order (logprob desc, then id asc)
+    grid_step: float | None  # nats; None without the oracle's top logit (`token_logits`)
+    unit: float | None  # nats; None without the evidence rule or the top logit
+    margin_units: float | None  # u_c: the candidate's own logprob of c minus o's, in units
+    candidate_top: TopList | None  # the candidate's own list here (free run or forced)
+    drift: RunDrift | None  # the run's drift (evidence rule only)
+    part_has_lists: bool  # the candidate's part (free run or forced) carries lists elsewhere
+    not_greedy: bool  # the candidate is not greedy over its own lists somewhere in the run
+
+    @property
+    def gap_nats(self) -> float | None:
+        """L[o] - L[c] in nats, straight from the logprobs (None: c not in the list)."""
+        return None if self.candidate_logprob is None else self.oracle_logprob - self.candidate_logprob
+
+    @property
+    def gap_mnats(self) -> float | None:
+        return None if self.candidate_logprob is None else 1000.0 * (self.oracle_logprob - self.candidate_logprob)
+
+    @property
+    def tie_break(self) -> str | None:
+        """`lower_id`/`higher_id` where both logprobs are equal bit for bit, else None."""
+        if self.candidate_token is None or self.candidate_logprob != self.oracle_logprob:
+            return None
+        return "lower_id" if self.candidate_token < self.oracle_token else "higher_id"
+
+
+def position_evidence(
+    *,
+    prompt_id: str,
+    position: int,
+    source: str,
+    top: TopList,
+    oracle_token: int,
+    candidate_token: int | None,
+    doctrine: Doctrine,
+    top_logit: float | None = None,
+    candidate_top: TopList | None = None,
+    drift: RunDrift | None = None,
+    part_has_lists: bool = False,
+    not_greedy: bool = False,
+) -> PositionEvidence:
+    """The evidence at one position, measured in the doctrine's dtype and units.
+
+    `top_logit`: the oracle's top logit here (`token_logits`); `candidate_top`: the
+    candidate's own list here; `drift`: the run's; `part_has_lists`: whether the
+    candidate's part carries lists anywhere; `not_greedy`: whether the candidate is not
+    greedy over its own lists anywhere in the run."""
+    lps = {int(t): float(lp) for t, lp in top}
+    o_lp = lps[oracle_token]
+    dtype = doctrine.dtype or DEFAULT_DTYPE
+    step = grid_step(top_logit, dtype) if top_logit is not None else None
+    ev = doctrine.evidence
+    unit = grid_step(ev.unit_logit(top_logit), dtype) if ev is not None and top_logit is not None else None
+    c_lp = lps.get(candidate_token) if candidate_token is not None else None
+    rank = None
+    margin = None
+    if candidate_token is not None and c_lp is not None:
+        rank = 1 + sum(1 for t, lp in lps.items() if lp > c_lp or (lp == c_lp and t < candidate_token))
+        if unit is not None:
+            margin = candidate_margin(candidate_top, oracle_token, candidate_token, unit)
+    return PositionEvidence(
+        prompt_id=prompt_id,
+        position=position,
+        source=source,
+        top=top,
+        oracle_token=oracle_token,
+        candidate_token=candidate_token,
+        oracle_logprob=o_lp,
+        candidate_logprob=c_lp,
+        lowest_logprob=min(lps.values()),
+        top2_gap_mnats=1000.0 * (float(top[0][1]) - float(top[1][1])) if len(top) >= 2 else None,
+        rank=rank,
+        grid_step=step,
+        unit=unit,
+        margin_units=margin,
+        candidate_top=candidate_top,
+        drift=drift,
+        part_has_lists=part_has_lists,
+        not_greedy=not_greedy,
+    )
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    cls: str  # EXACT_TIE, NEAR_TIE or DEFECT
+    rule: str  # the code of the rule that answered
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One link of the chain: when `applies`, it answers `cls` under its `code`."""
+
+    code: str  # as the reports print it (gate.core.verdict.rules)
+    cls: str
+    applies: Callable[[PositionEvidence, Doctrine], bool]
+    says: str  # one sentence: what it decides (docs/reference/doctrine.md)
+
+    def __call__(self, ev: PositionEvidence, doctrine: Doctrine) -> Decision | None:
+        return Decision(self.cls, self.code) if self.applies(ev, doctrine) else None
+
+
+class _Weighed(NamedTuple):
+    rule: Evidence
+    unit: float
+    candidate_logprob: float
+    margin_units: float
+
+
+def _evidence_at(ev: PositionEvidence, doctrine: Doctrine) -> _Weighed | None:
+    """What the evidence rule weighs here, or None where it cannot be weighed (no rule, no
+    unit, or no margin: the candidate's own list lacks either token, or it has none)."""
+    rule, unit, c_lp, margin = doctrine.evidence, ev.unit, ev.candidate_logprob, ev.margin_units
+    if rule is None or unit is None or c_lp is None or margin is None:
+        return None
+    return _Weighed(rule, unit, c_lp, margin)
+
+
+def _within(gap: float | None, limit: float, *logprobs: float) -> bool:
+    """0 < gap <= limit, each limit allowing one float32 rounding of the logprobs compared."""
+    return gap is not None and 0.0 < gap <= limit + logprob_slack(*logprobs)
+
+
+def _ran_out(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    return ev.candidate_token is None
+
+
+def _not_in_top_k(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    return ev.candidate_logprob is None
+
+
+def _not_greedy(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    # Its lists contradict its own choices somewhere: its flips prove nothing (a sampler
+    # with a penalty left on, logprobs taken before it).
+    return ev.not_greedy
+
+
+def _exact_tie(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    return ev.tie_break is not None
+
+
+def _near_tie_mnats(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    gap = ev.gap_mnats
+    return gap is not None and 0.0 < gap <= doctrine.near_tie_mnats
+
+
+def _drift_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    # Only allowances beyond the mnats need the grid; a drifting run earns none of them.
+    return ev.grid_step is not None and ev.drift is not None and ev.drift.beyond
+
+
+def _oracle_gap_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    at = _evidence_at(ev, doctrine)
+    return at is not None and not _within(
+        ev.gap_nats, at.rule.oracle_ulps * at.unit, ev.oracle_logprob, at.candidate_logprob
+    )
+
+
+def _negative_margin(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    # Its own list ranks the oracle's token above the one it took: no allowance.
+    at = _evidence_at(ev, doctrine)
+    return at is not None and at.margin_units < 0.0
+
+
+def _own_margin_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    at = _evidence_at(ev, doctrine)
+    if at is None:
+        return False
+    own = [float(lp) for _, lp in ev.candidate_top or ()]
+    slack = logprob_slack(*own) if own else 0.0
+    return at.margin_units * at.unit > at.rule.candidate_ulps * at.unit + slack
+
+
+def _near_tie_evidence(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    # Reached only past the three limits above: the rule weighed here ratifies.
+    return _evidence_at(ev, doctrine) is not None
+
+
+def _no_list(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    # Less evidence is never laxer than the lists elsewhere in the part.
+    return ev.grid_step is not None and doctrine.evidence is not None and ev.part_has_lists
+
+
+def _near_tie_grid_steps(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    if ev.grid_step is None or doctrine.near_tie_ulps is None or ev.candidate_logprob is None:
+        return False
+    return _within(ev.gap_nats, doctrine.near_tie_ulps * ev.grid_step, ev.oracle_logprob, ev.candidate_logprob)
+
+
+def _beyond_grid_steps(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    return ev.grid_step is not None and doctrine.near_tie_ulps is not None
+
+
+def _always(ev: PositionEvidence, doctrine: Doctrine) -> bool:
+    return True
+
+
+# The doctrine, in order: the first rule that answers decides. Rules that need what a
+# position may lack (a logit, a unit, the candidate's own list) pass without it.
+CHAIN: tuple[Rule, ...] = (
+    Rule(RULE_RAN_OUT, DEFECT, _ran_out, "the candidate stopped before this position"),
+    Rule(RULE_NOT_IN_TOP_K, DEFECT, _not_in_top_k, "the candidate's token is not in the oracle's top-k list"),
+    Rule(
+        RULE_NOT_GREEDY,
+        DEFECT,
+        _not_greedy,
+        "the candidate is not greedy over its own logprobs somewhere in the run: no allowance anywhere",
+    ),
+    Rule(RULE_EXACT_TIE, EXACT_TIE, _exact_tie, "both logprobs are equal bit for bit: a tie-break convention"),
+    Rule(RULE_MNATS, NEAR_TIE, _near_tie_mnats, "0 < the oracle's gap ≤ `near_tie_mnats`"),
+    Rule(
+        RULE_DRIFT_BEYOND,
+        DEFECT,
+        _drift_beyond,
+        "the top logit is known and the run drifts beyond the evidence rule's limits: no allowance past the mnats",
+    ),
+    Rule(
+        RULE_ORACLE_GAP,
+        DEFECT,
+        _oracle_gap_beyond,
+        "evidence rule (the candidate's own list holds both tokens): the oracle's gap is beyond `oracle_ulps` units",
+    ),
+    Rule(
+        RULE_NEGATIVE_MARGIN,
+        DEFECT,
+        _negative_margin,
+        "evidence rule: the candidate's own list ranks the oracle's token above the one it took",
+    ),
+    Rule(
+        RULE_OWN_MARGIN,
+        DEFECT,
+        _own_margin_beyond,
+        "evidence rule: the candidate's own margin for its token is beyond `candidate_ulps` units",
+    ),
+    Rule(
+        RULE_EVIDENCE,
+        NEAR_TIE,
+        _near_tie_evidence,
+        "evidence rule: the oracle's gap and the candidate's own margin are both within their limits",
+    ),
+    Rule(
+        RULE_NO_LIST,
+        DEFECT,
+        _no_list,
+        "evidence rule, but no usable own list here while the rest of the candidate's part has lists",
+    ),
+    Rule(
+        RULE_GRID,
+        NEAR_TIE,
+        _near_tie_grid_steps,
+        "the oracle's top logit is known and the gap is within `near_tie_ulps` steps of its grid",
+    ),
+    Rule(
+        RULE_BEYOND_GRID,
+        DEFECT,
+        _beyond_grid_steps,
+        "the oracle's top logit is known, `near_tie_ulps` is set, and the gap is beyond it",
+    ),
+    Rule(RULE_BEYOND_MNATS, DEFECT, _always, "always: no rule above ratified the gap"),
+)
+
+
+def decide(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = CHAIN) -> Decision:
+    """The first rule of `chain` that answers."""
+    for rule in chain:
+        decision = rule(ev, doctrine)
+        if decision is not None:
+            return decision
+    raise ValueError("no rule of the chain answered (its last rule must always answer)")
+
+
+def classify(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = CHAIN) -> Divergence:
+    """The divergence at one position: its figures, and the class and rule of the first rule
+    of `chain` that answers."""
+    decision = decide(ev, doctrine, chain)
+    gap = ev.gap_nats
+    common: dict[str, Any] = {
+        "prompt_id": ev.prompt_id,
+        "position": ev.position,
+        "source": ev.source,
+        "oracle_token": ev.oracle_token,
+        "candidate_token": ev.candidate_token,
+        "top2_gap_mnats": ev.top2_gap_mnats,
+        "oracle_logprob": ev.oracle_logprob,
+        "ulp_mnats": 1000.0 * ev.grid_step if ev.grid_step is not None else None,
+        "unit_mnats": 1000.0 * ev.unit if ev.unit is not None else None,
+        "cls": decision.cls,
+        "rule": decision.rule,
+    }
+    if gap is None:
+        return Divergence(
+            **common,
+            oracle_minus_candidate_mnats=None,
+            gap_lower_bound_mnats=1000.0 * (ev.oracle_logprob - ev.lowest_logprob),
+            candidate_rank=None,
+            tie_break=None,
+        )
+    return Divergence(
+        **common,
+        oracle_minus_candidate_mnats=ev.gap_mnats,
+        gap_lower_bound_mnats=None,
+        candidate_rank=ev.rank,
+        tie_break=ev.tie_break,
+        candidate_logprob=ev.candidate_logprob,
+        # In nats straight from the logprobs: a round trip through mnats could add a rounding.
+        gap_ulps=gap / ev.grid_step if ev.grid_step is not None else None,
+        candidate_margin_ulps=ev.margin_units,
+        gap_units=gap / ev.unit if ev.unit is not None else None,
+    )
