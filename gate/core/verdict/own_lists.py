@@ -1,7 +1,8 @@
 """The candidate's own lists, checked before they are believed: each record's free-run and
 forced lists (validated once, by the trace reader or where the engine gave them; here
-matched to the oracle's positions), whether each part carries lists at all, and every position where the candidate's
-choice is not a maximum of its own list within one float32 rounding (`NotGreedy`).
+matched to the oracle's positions), whether each part carries lists at all, and every
+position where the candidate's choice is not a maximum of its own list within one float32
+rounding (`NotGreedy`).
 
 Pure functions over token ids and logprobs (no I/O, no torch), used by the adjudication.
 """
@@ -176,8 +177,8 @@ def _greedy_breaks_arrays(prompt_id: str, source: str, tops: Any, chosen: Sequen
 
 
 def candidate_evidence(oracle: Trace, candidate: Trace) -> CandidateEvidence:
-    """Check a candidate trace's own lists once (forced lists matched to the oracle, greedy over its own
-    lists at every position), prompts matched by id."""
+    """Check a candidate trace's own lists once (forced lists matched to the oracle's
+    positions, greedy over its own lists at every position), prompts matched by id."""
     n_of = {r.id: len(r.token_ids) for r in oracle.records}
     lists: dict[str, OwnLists] = {}
     breaks: list[NotGreedy] = []
