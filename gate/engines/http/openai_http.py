@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from gate.core.storage.json_shape import MAX_JSON_DEPTH, keys_and_depth
 from gate.errors import EngineError, InputError
 
 # A Retry-After longer than this is not waited out: the run would look hung.
@@ -357,7 +358,15 @@ class HttpClient:
                     f"{quote(data.decode('utf-8', 'replace'), 80)!r}"
                 )
             ) from None
-        twice = duplicate_key(data, obj)
+        keys, depth = keys_and_depth(obj)
+        if depth > MAX_JSON_DEPTH:
+            raise EngineError(
+                self.scrub(
+                    f"{url}{about}: the answer is nested {depth} levels deep, more than {MAX_JSON_DEPTH}: "
+                    "no completion answer comes near it; refused"
+                )
+            )
+        twice = duplicate_key(data, obj, keys)
         if twice is not None:
             where, key = twice
             raise EngineError(
@@ -375,14 +384,16 @@ class _Twice(dict[str, Any]):
     key = ""
 
 
-def duplicate_key(raw: bytes, obj: Any) -> tuple[str, str] | None:
+def duplicate_key(raw: bytes, obj: Any, keys: int | None = None) -> tuple[str, str] | None:
     """Where a JSON answer's object repeats a key: (its path, e.g. `choices[0].logprobs.
     top_logprobs[3]`, and the key), else None.
 
     Fast: every key is followed by one colon outside strings, so when the body holds no
     more colons than the parsed objects hold keys, no key was repeated. Only a body that
-    fails that is parsed again, slowly, to find the object."""
-    keys = _keys_in(obj)
+    fails that is parsed again, slowly, to find the object. `keys`: the objects' keys, when
+    counted already (`keys_and_depth`); `obj` must nest at most MAX_JSON_DEPTH levels."""
+    if keys is None:
+        keys = keys_and_depth(obj)[0]
     colons = raw.count(b":")
     if colons == keys or (colons > keys and _JSON_STRING.sub(b"", raw).count(b":") == keys):
         return None
@@ -401,14 +412,6 @@ def duplicate_key(raw: bytes, obj: Any) -> tuple[str, str] | None:
         return _find_twice(json.loads(raw, object_pairs_hook=pairs), "")
     except (ValueError, RecursionError):
         return None
-
-
-def _keys_in(value: Any) -> int:
-    if type(value) is dict:
-        return len(value) + sum(map(_keys_in, value.values()))
-    if type(value) is list:
-        return sum(map(_keys_in, value))
-    return 0
 
 
 def _find_twice(value: Any, path: str) -> tuple[str, str] | None:
