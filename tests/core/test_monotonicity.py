@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from gate.core.traces.trace import Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.distribution import MIN_POSITIONS, RULE_NOT_JUDGED, canonical, kl_mnats, same_top
-from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.doctrine import Doctrine, Evidence
 from gate.errors import InputError
 
 
@@ -213,6 +213,44 @@ def test_random_cut_sequences_on_many_failing_traces() -> None:
         if checked == 30:
             break
     assert checked == 30
+
+
+# --------------------------------------------------------------------------- the evidence rule without a floor
+
+# A doctrine that asks for the candidate's lists (the evidence rule) but carries no floor:
+# the spec's "a doctrine that needs the candidate's lists is not passed by its absence"
+# holds here too. Only `drop_forced` is left out: without a floor, positions after a free-run
+# divergence that has no forced data are the spec's unadjudicated positions (v1's counting).
+EVIDENCE_ONLY = Doctrine(near_tie_ulps=2.0, evidence=Evidence(4.0, 2.0, 2.0))
+NO_FLOOR_CUTS = sorted(set(CUTS) - {"drop_forced"})
+
+
+def test_dropping_every_list_under_the_evidence_rule_without_a_floor_does_not_pass() -> None:
+    """The evidence rule failed a flip (its run drifts beyond the doctrine, or its own margin
+    is too wide); without any lists the grid rule's fallback used to ratify it."""
+    oracle, cand = build(202, 0.8, 2.0)
+    assert compare(oracle, cand, EVIDENCE_ONLY).exit_code == 1
+    for cut in ("drop_all_lists", "drop_forced_lists", "drop_lists"):
+        for seed in range(4):
+            assert _not_a_pass(oracle, apply_cuts(cand, oracle, [(cut, seed)] * 4), EVIDENCE_ONLY), (cut, seed)
+
+
+def test_random_cuts_under_the_evidence_rule_without_a_floor() -> None:
+    rng = random.Random(1)
+    checked = 0
+    for seed in range(400):
+        oracle, cand = build(seed, rng.choice([0.3, 0.8]), rng.choice([0.0, 0.5, 2.0]))
+        if compare(oracle, cand, EVIDENCE_ONLY).exit_code != 1:
+            continue
+        for name in NO_FLOOR_CUTS:
+            assert _not_a_pass(oracle, apply_cuts(cand, oracle, [(name, seed)] * 3), EVIDENCE_ONLY), (seed, name)
+        for _ in range(10):
+            cuts = [(rng.choice(NO_FLOOR_CUTS), rng.randrange(2**31)) for _ in range(rng.randrange(1, 4))]
+            assert _not_a_pass(oracle, apply_cuts(cand, oracle, cuts), EVIDENCE_ONLY), (seed, cuts)
+        checked += 1
+        if checked == 40:
+            break
+    assert checked == 40
 
 
 # --------------------------------------------------------------------------- on the default pin

@@ -21,6 +21,7 @@ import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -61,8 +62,14 @@ TRACE = "candidate trace"
 SUITE = "prompt list (a suite, or exported prompts)"
 SETTINGS = "oracle settings (oracle.json)"
 REPORT = "report"
-# What is read to tell a kind: a header line is far shorter; oracle.json a few kB.
+# A file whose first line is a JSON object too long to read whole: of no kind gate can
+# tell, so nothing replaces it (it is no report either).
+UNTOLD = "file whose first line is too long to tell its kind"
+# What is read to tell a kind: most header lines are far shorter; oracle.json a few kB.
 _KIND_BYTES = 1024 * 1024
+# A first line longer than _KIND_BYTES (a pin's header with the hashes of a large suite's
+# prompts) is read on to its end, up to this: a trace reader's own limit on a line.
+MAX_KIND_LINE_BYTES = 256 * 1024 * 1024
 # The key only a progress file's header carries (gate.workflows.progress).
 PROGRESS_KEY = "gate_progress"
 _LEGACY_PROGRESS_SUFFIX = ".partial.jsonl"
@@ -74,11 +81,14 @@ _SETTINGS_KEYS = frozenset(
 
 
 def kind_of(head: bytes, name: str = "") -> str:
-    """The kind of a file that begins with `head` (its first `_KIND_BYTES`), named `name`."""
+    """The kind of a file that begins with `head` (its first `_KIND_BYTES`, or its whole
+    first line when that is longer: `kind_head`), named `name`."""
     line = head.split(b"\n", 1)[0]
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
+        if len(line) >= _KIND_BYTES and line.lstrip().startswith(b"{"):
+            return UNTOLD  # a first line cut short: a header gate cannot read, never a report
         try:
             obj = orjson.loads(head) if len(head) < _KIND_BYTES else None
         except orjson.JSONDecodeError:
@@ -122,6 +132,8 @@ def file_kind(path: str | os.PathLike[str]) -> str | None:
             return None
         with open(path, "rb") as fh:
             head = fh.read(_KIND_BYTES)
+            if len(head) == _KIND_BYTES and b"\n" not in head:
+                head += _rest_of_line(fh, len(head))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError:
@@ -129,6 +141,29 @@ def file_kind(path: str | os.PathLike[str]) -> str | None:
     if not head.strip():
         return None
     return kind_of(head, Path(path).name)
+
+
+def _rest_of_line(fh: BinaryIO, have: int) -> bytes:
+    """The rest of a first line that ran past `_KIND_BYTES`, up to `MAX_KIND_LINE_BYTES` in all."""
+    chunks: list[bytes] = []
+    while have < MAX_KIND_LINE_BYTES:
+        chunk = fh.read(min(_KIND_BYTES, MAX_KIND_LINE_BYTES - have))
+        if not chunk:
+            break
+        end = chunk.find(b"\n")
+        if end >= 0:
+            chunks.append(chunk[: end + 1])
+            break
+        chunks.append(chunk)
+        have += len(chunk)
+    return b"".join(chunks)
+
+
+def kind_head(data: bytes) -> bytes:
+    """What `kind_of` reads of bytes about to be written: their first `_KIND_BYTES`, or their
+    whole first line when it is longer (up to `MAX_KIND_LINE_BYTES`)."""
+    end = data.find(b"\n", 0, MAX_KIND_LINE_BYTES)
+    return data[: max(end + 1, _KIND_BYTES)] if end >= 0 else data[:MAX_KIND_LINE_BYTES]
 
 
 def other_kind(name: str, kind: str, writes: str) -> str:
@@ -191,7 +226,7 @@ def atomic_write(
     if overwrite:
         # The last line of defence of the rule `check_target` states: whatever a caller
         # checked before, a file of another kind than these bytes is never replaced.
-        have, writes = file_kind(target), kind_of(data[:_KIND_BYTES], target.name)
+        have, writes = file_kind(target), kind_of(kind_head(data), target.name)
         if have is not None and have != writes:
             raise InputError(other_kind(str(target), have, writes))
     try:
