@@ -15,7 +15,7 @@ from helpers.fake_openai_server import FakeOpenAIServer, Reply
 
 from gate.core.engine import PromptInput
 from gate.engines.http.openai import OpenAIEngine
-from gate.engines.http.openai_http import choice_problem
+from gate.engines.http.openai_http import only_choice
 from gate.errors import EngineError
 
 PROMPT = PromptInput("p0", (11, 12, 13), 4)
@@ -68,7 +68,7 @@ def test_one_choice_for_index_0_or_without_an_index_is_read(server: FakeOpenAISe
     server.queue(Reply(body=orjson.dumps(obj)))
     (rec,) = _engine(server.url).generate([PROMPT], 3)
     assert rec.token_ids == tuple(server.model.greedy(PROMPT.prompt_token_ids, 4))
-    assert choice_problem([{"index": 0}]) is None and choice_problem([{}]) is None
+    assert only_choice([{"index": 0}]) == {"index": 0} and only_choice([{}]) == {}
 
 
 @pytest.mark.parametrize(
@@ -83,5 +83,5 @@ def test_one_choice_for_index_0_or_without_an_index_is_read(server: FakeOpenAISe
     ],
 )
 def test_the_rule_both_openai_dialects_apply(choices: Any, needle: str) -> None:
-    problem = choice_problem(choices)
-    assert problem is not None and needle in problem
+    problem = only_choice(choices)
+    assert isinstance(problem, str) and needle in problem

@@ -425,21 +425,22 @@ def _find_twice(value: Any, path: str) -> tuple[str, str] | None:
     return None
 
 
-def choice_problem(choices: Any) -> str | None:
-    """What is wrong with an answer's `choices` for one prompt and one completion, or None:
-    gate sends one prompt and asks for one completion, so the answer holds exactly one
-    choice, for index 0 (an `index` may be left out). Two, or one for another index, would
-    leave which one is the prompt's greedy continuation a guess."""
+def only_choice(choices: Any) -> dict[str, Any] | str:
+    """The one choice of an answer's `choices`, or what is wrong with them (a str): gate
+    sends one prompt and asks for one completion, so the answer holds exactly one choice,
+    for index 0 (an `index` may be left out). Two, or one for another index, would leave
+    which one is the prompt's greedy continuation a guess."""
     if not isinstance(choices, list) or not choices:
         return "the response has no choices[0] object"
-    if not isinstance(choices[0], dict):
+    choice = choices[0]
+    if not isinstance(choice, dict):
         return "the response's choices[0] is not an object"
     if len(choices) != 1:
         return f"the response holds {len(choices)} choices for one prompt and one completion (n=1)"
-    index = choices[0].get("index", 0)
+    index = choice.get("index", 0)
     if type(index) is not int or index != 0:
         return f"the response's one choice has index {quote(repr(index), 40)}, not 0: the choice of another prompt"
-    return None
+    return choice
 
 
 def logprobs_agree(a: float, b: float) -> bool:
