@@ -32,6 +32,9 @@ from gate.errors import TraceError
 TRACE_VERSION = 1
 ROLES: tuple[str, ...] = ("oracle", "candidate")
 FINISH_REASONS = ("length", "stop", None)
+# `forced_mode`: the path that gave a candidate's forced data (a decode step per position,
+# or one prefill over the oracle's tokens).
+FORCED_MODES = ("decode", "prefill")
 # One top-k list: (token_id, logprob) pairs, logprob descending then token id ascending.
 # Stored as parsed (lists of [id, logprob]); treat as read-only.
 TopList = Sequence[Sequence[Any]]
@@ -560,6 +563,7 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
             raise TraceError(name, lineno, "forced_token_ids", "is for candidate traces only")
         forced_ids = _int_list(name, lineno, "forced_token_ids", forced)
     extra = {k: v for k, v in obj.items() if k not in _RECORD_KEYS}
+    _check_forced_mode(name, lineno, extra.get("forced_mode"), forced_ids)
     if extra.get(FORCED_TOP_KEY) is not None:
         extra[FORCED_TOP_KEY] = check_forced_top(name, lineno, extra[FORCED_TOP_KEY], forced_ids, header, oracle)
     check_routing_fields(
@@ -612,6 +616,19 @@ def check_forced_top(
     if compact and value.ids.shape[1] <= header.top_k + 1:
         return value  # the reader's own arrays: validated when made
     return check_top_logprobs(name, lineno, value, forced_ids, oracle=False, fld=fld, top_k=header.top_k)
+
+
+def _check_forced_mode(name: str, lineno: int, value: Any, forced_ids: Sequence[int] | None) -> None:
+    """`forced_mode`: which path gave the forced data, `"decode"` or `"prefill"` (null: none),
+    and only beside the `forced_token_ids` it describes."""
+    if value is None:
+        return
+    if value not in FORCED_MODES or type(value) is not str:
+        why = f"must be 'decode' or 'prefill' (the path that gave the forced data), found {shown(value)}"
+        raise TraceError(name, lineno, "forced_mode", why)
+    if forced_ids is None:
+        why = "needs forced_token_ids in the same record (a forced mode without a forced decode to describe)"
+        raise TraceError(name, lineno, "forced_mode", why)
 
 
 def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[int]) -> None:
