@@ -64,15 +64,15 @@ def classify(
     top_logit: float | None = None,
     candidate_top: TopList | None = None,
     drift: RunDrift | None = None,
-    part_has_lists: bool = False,
     not_greedy: bool = False,
 ) -> Divergence:
     """Classify one position where the candidate took `candidate_token` and the oracle `oracle_token`.
 
     `candidate_top` (the candidate's own top-k at this position) and `drift` (the run's) are
-    the evidence the doctrine's `evidence` rule weighs. Without a list here the rule falls
-    back to `near_tie_ulps` only where the part (free run or forced) carries no lists at
-    all (`part_has_lists` False): less evidence never ratifies more. A candidate that is not
+    the evidence the doctrine's `evidence` rule weighs. Without a list here (or one lacking
+    either token) the rule gives no allowance in grid steps, wherever the candidate's other
+    lists are: a doctrine that asks for the candidate's lists is not passed by their
+    absence, and less evidence never ratifies more. A candidate that is not
     greedy over its own lists (`not_greedy`) earns no allowance at all. The divergence's
     `rule` names what decided it (`gate.core.verdict.rules`)."""
     lps = {int(t): float(lp) for t, lp in top}
@@ -126,7 +126,7 @@ def classify(
     elif tie_break is not None:
         cls, rule = EXACT_TIE, RULE_EXACT_TIE
     else:
-        cls, rule = _near_or_defect(o_lp, c_lp, gap, step, unit, margin, doctrine, candidate_top, drift, part_has_lists)
+        cls, rule = _near_or_defect(o_lp, c_lp, gap, step, unit, margin, doctrine, candidate_top, drift)
     return Divergence(
         **base,
         cls=cls,
@@ -152,7 +152,6 @@ def _near_or_defect(
     doctrine: Doctrine,
     candidate_top: TopList | None,
     drift: RunDrift | None,
-    part_has_lists: bool,
 ) -> tuple[str, str]:
     """(class, rule) of a flip that is not an exact tie: the first rule that ratifies it,
     else the limit that failed."""
@@ -166,8 +165,11 @@ def _near_or_defect(
     if ev is not None and margin is not None and unit is not None:
         failed = evidence_verdict(o_lp, c_lp, margin, unit, ev, candidate_top)
         return (NEAR_TIE, RULE_EVIDENCE) if failed is None else (DEFECT, failed)
-    if ev is not None and part_has_lists:
-        return DEFECT, RULE_NO_LIST  # less evidence is never laxer than the lists elsewhere
+    if ev is not None:
+        # The doctrine asks for the candidate's own list here: its absence earns nothing
+        # (before, a trace without any lists fell back to the grid rule, and dropping every
+        # list turned a flip the evidence rule failed into a near tie).
+        return DEFECT, RULE_NO_LIST
     if doctrine.near_tie_ulps is not None:
         if 0.0 < o_lp - c_lp <= doctrine.near_tie_ulps * step + logprob_slack(o_lp, c_lp):
             return NEAR_TIE, RULE_GRID
@@ -323,7 +325,6 @@ def compare_prompt(
             top_logit=float(tl) if isinstance(tl, (int, float)) else None,
             candidate_top=own.at(source, i) if cand_token is not None else None,
             drift=drift,
-            part_has_lists=ev.has_lists(source),
             not_greedy=not_greedy,
         )
         vocab = texts()
