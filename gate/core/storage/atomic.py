@@ -175,6 +175,33 @@ def other_kind(name: str, kind: str, writes: str) -> str:
     )
 
 
+def append_problem(target: str | os.PathLike[str]) -> str | None:
+    """Why a report may not be appended to `target` (the job summary), or None: only to a
+    regular file, or none yet, that is no gate data file (`file_kind`)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a directory, FIFO or device); the job summary must be one"
+    kind = file_kind(target)
+    if kind is not None and kind != REPORT:
+        return f"is a {kind}; the job summary gets a report appended, and gate never writes into a file of another kind"
+    return None
+
+
+def append_regular(target: str | os.PathLike[str], text: str) -> None:
+    """Append `text` to `target`, a regular file (made when missing): opened without
+    blocking, so a FIFO put there since `append_problem` is refused (OSError), never waited on."""
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(f"{target}: not a regular file")
+        fh.write(text)
+
+
 def check_target(
     path: str | os.PathLike[str],
     writes: str,
