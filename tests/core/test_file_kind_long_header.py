@@ -1,7 +1,9 @@
-"""A file's kind is told from its whole first line, however long: a pin, golden or trace
-whose header passes the first MB read to tell it (a suite of 15,000 prompts puts 1.2 MB of
-`prompt_sha256` in a pin's header) used to be taken for a report, the one kind `--force`
-replaces with anything; `gate compare -o PIN --force` replaced the pin with a report."""
+"""A file's kind is told from the line the trace reader takes for its header: the first
+non-blank one (the reader skips blank lines), whole, however long. A pin whose first lines
+are blank was taken for a report (its first line holds no header), and so was one whose
+header passes the first MB read to tell it (a suite of 15,000 prompts puts 1.2 MB of
+`prompt_sha256` in a pin's header): a report is the one kind `--force` replaces with
+anything, so `gate compare -o PIN --force` replaced the pin with a report."""
 
 from __future__ import annotations
 
@@ -74,3 +76,17 @@ def test_a_first_line_past_every_limit_is_never_taken_for_a_report(
     assert kind not in (None, atomic.REPORT)
     with pytest.raises(InputError, match="another kind"):
         atomic_write(path, b'{"gate_report": 1}\n', overwrite=True)
+
+
+@pytest.mark.parametrize("lead", [b"\n", b"\n  \n", b"\r\n", b" \t\n\n"])
+def test_blank_lines_before_the_header_do_not_hide_the_kind(tmp_path: Path, lead: bytes) -> None:
+    from gate.core.traces.trace import read_trace
+
+    path = tmp_path / "pin.jsonl"
+    data = lead + _trace("oracle", False)
+    path.write_bytes(data)
+    assert read_trace(path).role == "oracle"  # the reader takes it for a pin ...
+    assert file_kind(path) == PIN  # ... and so does the rule of what may replace it
+    with pytest.raises(InputError, match="another kind"):
+        atomic_write(path, b'{"gate_report": 1}\n', overwrite=True)
+    assert path.read_bytes() == data
