@@ -82,8 +82,9 @@ _SETTINGS_KEYS = frozenset(
 
 def kind_of(head: bytes, name: str = "") -> str:
     """The kind of a file that begins with `head` (its first `_KIND_BYTES`, or its whole
-    first line when that is longer: `kind_head`), named `name`."""
-    line = head.split(b"\n", 1)[0]
+    first line when that is longer: `kind_head`), named `name`. The first line is the first
+    non-blank one, as the trace reader takes it (it skips blank lines)."""
+    line = head.lstrip().split(b"\n", 1)[0]
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -131,9 +132,7 @@ def file_kind(path: str | os.PathLike[str]) -> str | None:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
         with open(path, "rb") as fh:
-            head = fh.read(_KIND_BYTES)
-            if len(head) == _KIND_BYTES and b"\n" not in head:
-                head += _rest_of_line(fh, len(head))
+            head = _read_head(fh)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError:
@@ -143,26 +142,33 @@ def file_kind(path: str | os.PathLike[str]) -> str | None:
     return kind_of(head, Path(path).name)
 
 
-def _rest_of_line(fh: BinaryIO, have: int) -> bytes:
-    """The rest of a first line that ran past `_KIND_BYTES`, up to `MAX_KIND_LINE_BYTES` in all."""
-    chunks: list[bytes] = []
-    while have < MAX_KIND_LINE_BYTES:
-        chunk = fh.read(min(_KIND_BYTES, MAX_KIND_LINE_BYTES - have))
+def _read_head(fh: BinaryIO) -> bytes:
+    """What `kind_of` reads of a file: its first `_KIND_BYTES`, and on, when its first
+    non-blank line runs past them, to that line's end (up to `MAX_KIND_LINE_BYTES` in all)."""
+    parts: list[bytes] = []
+    size = 0
+    started = False  # the first non-blank line has begun
+    while size < MAX_KIND_LINE_BYTES:
+        chunk = fh.read(min(_KIND_BYTES, MAX_KIND_LINE_BYTES - size))
         if not chunk:
             break
-        end = chunk.find(b"\n")
-        if end >= 0:
-            chunks.append(chunk[: end + 1])
+        parts.append(chunk)
+        size += len(chunk)
+        if not started:
+            rest = chunk.lstrip()
+            started = bool(rest)
+            if b"\n" in rest:
+                break
+        elif b"\n" in chunk:
             break
-        chunks.append(chunk)
-        have += len(chunk)
-    return b"".join(chunks)
+    return b"".join(parts)
 
 
 def kind_head(data: bytes) -> bytes:
-    """What `kind_of` reads of bytes about to be written: their first `_KIND_BYTES`, or their
-    whole first line when it is longer (up to `MAX_KIND_LINE_BYTES`)."""
-    end = data.find(b"\n", 0, MAX_KIND_LINE_BYTES)
+    """What `kind_of` reads of bytes about to be written: their first `_KIND_BYTES`, or on to
+    the end of their first non-blank line when it is longer (up to `MAX_KIND_LINE_BYTES`)."""
+    begin = len(data) - len(data.lstrip())
+    end = data.find(b"\n", begin, MAX_KIND_LINE_BYTES)
     return data[: max(end + 1, _KIND_BYTES)] if end >= 0 else data[:MAX_KIND_LINE_BYTES]
 
 
