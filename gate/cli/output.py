@@ -23,7 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gate.core.storage.atomic import REPORT, append_problem, append_regular, atomic_write, check_target, same_file
+from gate.core.storage.atomic import (
+    REPORT,
+    append_problem,
+    append_regular,
+    atomic_write,
+    check_target,
+    file_kind,
+    same_file,
+)
 from gate.errors import InputError
 
 STDOUT = Path("-")
@@ -86,9 +94,10 @@ def refuse_input_as_output(targets: Sequence[Target], inputs: Sequence[Path | No
 
 def refuse_step_summary(inputs: Sequence[Path | None] = ()) -> None:
     """The job summary (`GITHUB_STEP_SUMMARY`, when set) is appended to: like any output it
-    is never one of the command's `inputs` (by identity), never a gate data file (a pin, a
-    golden, a trace, a prompt list, oracle.json: `file_kind`), and never anything but a
-    regular file (an append to a FIFO with no reader waits forever). Exit 2, before any work."""
+    is never one of the command's `inputs` (by identity) and never a gate data file (a pin,
+    a golden, a trace, a prompt list, oracle.json: `file_kind`). Exit 2, before any work.
+    A summary that cannot be appended to (a directory, a FIFO: `append_text` never waits
+    on one) is a warning at the append, and the verdict stands."""
     target = step_summary()
     if target is None:
         return
@@ -96,9 +105,9 @@ def refuse_step_summary(inputs: Sequence[Path | None] = ()) -> None:
     hit = same_file(target, [i for i in inputs if i is not None and not to_stdout(i)])
     if hit is not None:
         raise InputError(f"{name}: is the input {hit} (the same file); the job summary is appended to, an input never")
-    problem = append_problem(target)
-    if problem is not None:
-        raise InputError(f"{name}: {problem}")
+    kind = file_kind(target)  # None for anything but a regular file: the append warns
+    if kind is not None and kind != REPORT:
+        raise InputError(f"{name}: {append_problem(target)}")
 
 
 def pin_inputs(model: str, pins_dir: Path | None) -> tuple[Path, ...]:
@@ -187,7 +196,7 @@ def append_text(text: str, target: Path, what: str) -> bool:
     may have changed since), and opened without blocking: a FIFO is never waited on."""
     problem = append_problem(target)
     if problem is not None:
-        say(f"gate: warning: not appending to {what} {target}: {problem}")
+        say(f"gate: warning: cannot append to {what} {target}: {problem}")
         return False
     try:
         append_regular(target, text)

@@ -109,7 +109,7 @@ def append_summary(markdown: str, env: Mapping[str, str]) -> None:
         return
     problem = append_problem(target)
     if problem is not None:
-        print(f"gate: warning: not appending to GITHUB_STEP_SUMMARY {target}: {problem}", file=sys.stderr)
+        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {problem}", file=sys.stderr)
         return
     try:
         append_regular(target, markdown.rstrip("\n") + "\n\n")

@@ -1,9 +1,10 @@
 """`$GITHUB_STEP_SUMMARY` is appended to, so it is held to the rule of every output: never
 one of the command's inputs (by identity), never a gate data file (a pin, golden, trace,
-progress file, prompt list, oracle.json), never a FIFO or device (an append to a FIFO with
-no reader blocked forever). It used to be appended to whatever it named: a careless
-`GITHUB_STEP_SUMMARY=pin.jsonl` put a Markdown report inside the pin. Exit 2 before any
-work, naming the variable; the runner's own summary file is appended to as before."""
+progress file, prompt list, oracle.json), and never waited on (an append to a FIFO with no
+reader blocked forever). It used to be appended to whatever it named: a careless
+`GITHUB_STEP_SUMMARY=pin.jsonl` put a Markdown report inside the pin. An input or a data
+file is exit 2 before any work, naming the variable; a summary that cannot be appended to
+is a warning; the runner's own summary file is appended to as before."""
 
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def test_the_summary_is_never_a_gate_data_file(tmp_path: Path, as_output: bool) 
     assert other_pin.read_bytes() == before
 
 
-def test_a_fifo_as_the_summary_is_refused_not_waited_on(tmp_path: Path) -> None:
+def test_a_fifo_as_the_summary_is_not_waited_on(tmp_path: Path) -> None:
+    """A summary that cannot be appended to is a warning, and the verdict stands (as for a
+    directory); an append to a FIFO with no reader used to wait forever."""
     oracle, cand = _copies(tmp_path)
     fifo = tmp_path / "summary.fifo"
     os.mkfifo(fifo)
@@ -66,8 +69,8 @@ def test_a_fifo_as_the_summary_is_refused_not_waited_on(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
-    assert p.returncode == 2, p.stderr
-    assert "GITHUB_STEP_SUMMARY" in p.stderr and "regular file" in p.stderr
+    assert p.returncode == 0, p.stderr  # the seed candidate's ratified pass
+    assert "warning: cannot append to GITHUB_STEP_SUMMARY" in p.stderr and "regular file" in p.stderr
 
 
 def test_the_runners_summary_file_is_appended_to_as_before(tmp_path: Path) -> None:
