@@ -23,7 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gate.core.storage.atomic import REPORT, atomic_write, check_target, same_file
+from gate.core.storage.atomic import (
+    REPORT,
+    append_problem,
+    append_regular,
+    atomic_write,
+    check_target,
+    file_kind,
+    same_file,
+)
 from gate.errors import InputError
 
 STDOUT = Path("-")
@@ -57,6 +65,8 @@ def refuse_overwrite(
     `targets` are (path, flag) pairs, or (path, flag, kind) where the file is not a report
     (`gate.core.storage.atomic`'s kinds); `message` may name `{flag}` and `{path}`."""
     refuse_input_as_output(targets, inputs)
+    if any(len(t) == 2 and t[1] == "--output" for t in targets):  # a report: its Markdown goes to the summary too
+        refuse_step_summary(inputs)
     for target in targets:
         path, flag = target[0], target[1]
         kind = target[2] if len(target) > 2 else REPORT
@@ -80,6 +90,24 @@ def refuse_input_as_output(targets: Sequence[Target], inputs: Sequence[Path | No
         other = same_file(path, [p for p, _ in outputs[:n]])
         if other is not None:
             raise InputError(f"{name}: is also where another output goes ({other}); give each output its own file")
+
+
+def refuse_step_summary(inputs: Sequence[Path | None] = ()) -> None:
+    """The job summary (`GITHUB_STEP_SUMMARY`, when set) is appended to: like any output it
+    is never one of the command's `inputs` (by identity) and never a gate data file (a pin,
+    a golden, a trace, a prompt list, oracle.json: `file_kind`). Exit 2, before any work.
+    A summary that cannot be appended to (a directory, a FIFO: `append_text` never waits
+    on one) is a warning at the append, and the verdict stands."""
+    target = step_summary()
+    if target is None:
+        return
+    name = f"GITHUB_STEP_SUMMARY {target}"
+    hit = same_file(target, [i for i in inputs if i is not None and not to_stdout(i)])
+    if hit is not None:
+        raise InputError(f"{name}: is the input {hit} (the same file); the job summary is appended to, an input never")
+    kind = file_kind(target)  # None for anything but a regular file: the append warns
+    if kind is not None and kind != REPORT:
+        raise InputError(f"{name}: {append_problem(target)}")
 
 
 def pin_inputs(model: str, pins_dir: Path | None) -> tuple[Path, ...]:
@@ -162,10 +190,16 @@ def is_step_summary(output: Path | None) -> bool:
 
 
 def append_text(text: str, target: Path, what: str) -> bool:
-    """Append `text` to `target`; a failure is a warning (the verdict and exit code stand)."""
+    """Append `text` to `target`; a failure is a warning (the verdict and exit code stand).
+
+    Checked again at the append (`append_problem`: checked before any work, but the file
+    may have changed since), and opened without blocking: a FIFO is never waited on."""
+    problem = append_problem(target)
+    if problem is not None:
+        say(f"gate: warning: cannot append to {what} {target}: {problem}")
+        return False
     try:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(text)
+        append_regular(target, text)
     except OSError as exc:
         say(f"gate: warning: cannot append to {what} {target}: {exc.strerror or exc}")
         return False

@@ -102,12 +102,17 @@ def write_outputs(values: Mapping[str, object], env: Mapping[str, str]) -> None:
 
 
 def append_summary(markdown: str, env: Mapping[str, str]) -> None:
+    from gate.core.storage.atomic import append_problem, append_regular
+
     target = env.get("GITHUB_STEP_SUMMARY")
     if not target:
         return
+    problem = append_problem(target)
+    if problem is not None:
+        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {problem}", file=sys.stderr)
+        return
     try:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(markdown.rstrip("\n") + "\n\n")
+        append_regular(target, markdown.rstrip("\n") + "\n\n")
     except OSError as exc:
         print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}", file=sys.stderr)
 

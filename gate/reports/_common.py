@@ -184,7 +184,7 @@ def why(d: Divergence, doctrine: Doctrine | float, *, with_rule: bool = True) ->
     if rule == RULE_NO_LIST:
         part = "forced decode" if d.source == FORCED else "free run"
         return (
-            f"{head}; the candidate reports no usable list here while the rest of its {part} has lists: "
+            f"{head}; the candidate reports no usable list here ({part}), which the evidence rule needs: "
             "judged by the threshold alone (less evidence never ratifies more)"
         )
     if rule == RULE_BEYOND_GRID and doc.near_tie_ulps is not None:

@@ -64,11 +64,13 @@ def test_honest_sized_noise_everywhere_passes(tmp_path: Path, noise: float) -> N
     assert report["drift"]["beyond"] is False
 
 
-def test_a_trace_recorded_before_forced_lists_keeps_its_fallback(tmp_path: Path) -> None:
+def test_a_trace_recorded_before_forced_lists_earns_no_grid_allowance(tmp_path: Path) -> None:
     """Top-k in the free run, forced ids but no forced lists (traces before forced lists):
-    a forced flip within the grid rule's 2 steps is still a near tie; but the pin carries an
-    honest floor measured with lists at every forced position, so the run is not judged by
-    the distribution verdict, and that is not a pass (exit 1, naming what is missing)."""
+    the pin's evidence rule asks for the candidate's list at each flip, so a forced flip
+    within the grid rule's 2 steps is a defect (rule `no_list`: it used to fall back to the
+    grid rule); and the pin carries an honest floor measured with lists at every forced
+    position, so the run is not judged by the distribution verdict either (exit 1, naming
+    what is missing)."""
     flips = {}
     for p, rec in enumerate(oracle_dicts()):
         i = next((i for i in range(len(rec["token_ids"])) if 0.125 < gap(rec, i) <= 2 * own_step(rec, i)), None)
@@ -81,7 +83,7 @@ def test_a_trace_recorded_before_forced_lists_keeps_its_fallback(tmp_path: Path)
     head, recs = candidate(same, choose=choose, forced_lists=False, only_forced_flips=True)
     code, report = _compare(tmp_path, head, recs)
     rules = {d["rule"] for d in report["divergences"]}
-    assert report["counts"]["near_ties"] == len(flips) and rules == {"near_tie_grid_steps"}
+    assert report["counts"]["defects"] == len(flips) and rules == {"no_list"}
     assert code == 1 and report["verdict"] == "fail", report["summary"]
     dist = report["distribution"]
     assert dist["rule"] == "distribution_not_judged" and dist["judged"] is False

@@ -82,7 +82,7 @@ CASES: list[tuple[str, Doctrine, PositionEvidence]] = [
     ("negative_margin", EVIDENCE, flip(EVIDENCE, 2.0, -1.0, drift=CALM)),
     ("own_margin_beyond", EVIDENCE, flip(EVIDENCE, 2.0, 3.0, drift=CALM)),
     ("near_tie_evidence", EVIDENCE, flip(EVIDENCE, 3.0, 1.0, drift=CALM)),
-    ("no_list", EVIDENCE, flip(EVIDENCE, 1.5, None, drift=CALM, part_has_lists=True)),
+    ("no_list", EVIDENCE, flip(EVIDENCE, 1.5, None, drift=CALM)),
     ("near_tie_grid_steps", GRID, flip(GRID, 1.5)),
     ("beyond_grid_steps", GRID, flip(GRID, 3.0)),
     ("beyond_mnats", MNATS, flip(MNATS, 4.0)),
@@ -154,7 +154,7 @@ def test_less_evidence_never_ratifies_more(code: str, doctrine: Doctrine, ev: Po
     top logit, never turns a defect into a tie."""
     before = classify(ev, doctrine)
     fewer = [
-        replace(ev, candidate_top=None, margin_units=None, part_has_lists=True),
+        replace(ev, candidate_top=None, margin_units=None),
         replace(ev, grid_step=None, unit=None, margin_units=None),
     ]
     for less in fewer:

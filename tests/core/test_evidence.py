@@ -201,11 +201,16 @@ def test_an_exact_tie_stays_an_exact_tie_whatever_the_evidence() -> None:
     assert _flip(0.0, 5.0).cls == EXACT_TIE
 
 
-def test_without_the_candidates_top_k_the_grid_rule_applies() -> None:
-    # near_tie_ulps is 2: a 3-step gap the evidence rule would ratify is a defect without evidence.
-    assert _flip(2.0, None).cls == NEAR_TIE
+def test_without_the_candidates_top_k_the_evidence_rule_gives_no_allowance() -> None:
+    # The doctrine asks for the candidate's lists: without one, no grid steps (rule no_list),
+    # where the grid rule alone (near_tie_ulps 2) would have ratified a 2-step gap.
+    assert _flip(2.0, None).cls == DEFECT and _flip(2.0, None).rule == "no_list"
     assert _flip(3.0, None).cls == DEFECT
     assert _flip(3.0, 0.0).cls == NEAR_TIE
+    # Without the evidence rule, the grid rule needs no list.
+    grid_only = Doctrine(near_tie_mnats=DOCTRINE.near_tie_mnats, near_tie_ulps=DOCTRINE.near_tie_ulps)
+    assert _flip(2.0, None, doctrine=grid_only).cls == NEAR_TIE
+    assert _flip(3.0, None, doctrine=grid_only).cls == DEFECT
 
 
 def test_a_run_drifting_beyond_the_limit_earns_no_allowance_in_steps() -> None:

@@ -77,7 +77,6 @@ RATIFIED = {EXACT_TIE: 1, NEAR_TIE: 1, DEFECT: 0}
     c=limits,
     which=st.sampled_from(["mnats", "ulps", "oracle", "candidate"]),
     more=st.floats(min_value=0.0, max_value=4.0, allow_nan=False),
-    has_lists=st.booleans(),
 )
 def test_monotone_in_each_limit(
     u_o: float,
@@ -89,7 +88,6 @@ def test_monotone_in_each_limit(
     c: float,
     which: str,
     more: float,
-    has_lists: bool,
 ) -> None:
     """Raising any one limit never turns a ratified flip into a defect."""
     case = _case(u_o, u_c, logit)
@@ -100,8 +98,8 @@ def test_monotone_in_each_limit(
         o + (more if which == "oracle" else 0.0),
         c + (more if which == "candidate" else 0.0),
     )
-    a = _classify(case, lo, part_has_lists=has_lists)
-    b = _classify(case, hi, part_has_lists=has_lists)
+    a = _classify(case, lo)
+    b = _classify(case, hi)
     assert RATIFIED[b.cls] >= RATIFIED[a.cls], (a.rule, b.rule)
 
 
@@ -142,12 +140,12 @@ def test_never_ratifies_beyond_its_bounds(
 def test_less_evidence_never_ratifies_more(
     u_o: float, u_c: float, logit: float, ulps: float | None, o: float, c: float
 ) -> None:
-    """The same flip without its list (in a part whose other positions carry lists), or
-    with an empty one, is never ratified where the flip with its list is a defect."""
+    """The same flip without its list (wherever the candidate's other lists are), or with
+    an empty one, is never ratified where the flip with its list is a defect."""
     doctrine = _doctrine(62.5, ulps, o, c)
-    with_list = _classify(_case(u_o, u_c, logit), doctrine, part_has_lists=True)
-    without = _classify(_case(u_o, None, logit), doctrine, part_has_lists=True)
-    empty = _classify({**_case(u_o, None, logit), "candidate_top": []}, doctrine, part_has_lists=True)
+    with_list = _classify(_case(u_o, u_c, logit), doctrine)
+    without = _classify(_case(u_o, None, logit), doctrine)
+    empty = _classify({**_case(u_o, None, logit), "candidate_top": []}, doctrine)
     for less in (without, empty):
         assert RATIFIED[less.cls] <= RATIFIED[with_list.cls] or less.rule in (RULE_MNATS, "exact_tie"), less.rule
         if less.cls == NEAR_TIE:
@@ -168,7 +166,7 @@ def test_a_negative_reported_margin_never_earns_an_allowance(
 ) -> None:
     """Where the candidate's own list ranks the oracle's token above the one it took, only
     the fixed mnats (which need no evidence) can ratify the flip."""
-    d = _classify(_case(u_o, u_c, logit), _doctrine(62.5, ulps, o, c), part_has_lists=True)
+    d = _classify(_case(u_o, u_c, logit), _doctrine(62.5, ulps, o, c))
     if d.cls == NEAR_TIE:
         assert d.rule == RULE_MNATS
 

@@ -19,10 +19,10 @@ from helpers.generated_traces import DOCTRINES, LENGTH, PROMPTS, build
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gate.core.traces.trace import Trace
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.distribution import MIN_POSITIONS, RULE_NOT_JUDGED, canonical, kl_mnats, same_top
-from gate.core.verdict.doctrine import Doctrine
+from gate.core.verdict.doctrine import Doctrine, Evidence
 from gate.errors import InputError
 
 
@@ -213,6 +213,72 @@ def test_random_cut_sequences_on_many_failing_traces() -> None:
         if checked == 30:
             break
     assert checked == 30
+
+
+# --------------------------------------------------------------------------- the evidence rule without a floor
+
+# A doctrine that asks for the candidate's lists (the evidence rule) but carries no floor:
+# the spec's "a doctrine that needs the candidate's lists is not passed by its absence"
+# holds here too. Only `drop_forced` is left out: without a floor, positions after a free-run
+# divergence that has no forced data are the spec's unadjudicated positions (v1's counting).
+EVIDENCE_ONLY = Doctrine(near_tie_ulps=2.0, evidence=Evidence(4.0, 2.0, 2.0))
+NO_FLOOR_CUTS = sorted(set(CUTS) - {"drop_forced"})
+
+
+def test_dropping_every_list_under_the_evidence_rule_without_a_floor_does_not_pass() -> None:
+    """The evidence rule failed a flip (its run drifts beyond the doctrine, or its own margin
+    is too wide); without any lists the grid rule's fallback used to ratify it."""
+    oracle, cand = build(202, 0.3, 0.0)
+    assert compare(oracle, cand, EVIDENCE_ONLY).exit_code == 1
+    for cut in ("drop_all_lists", "drop_forced_lists", "drop_lists"):
+        for seed in range(4):
+            assert _not_a_pass(oracle, apply_cuts(cand, oracle, [(cut, seed)] * 4), EVIDENCE_ONLY), (cut, seed)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31),
+    noise=st.sampled_from([0.05, 0.3, 0.8]),
+    bias=st.sampled_from([0.0, 0.5, 2.0]),
+    cuts=st.lists(st.tuples(st.sampled_from(NO_FLOOR_CUTS), st.integers(0, 2**31)), min_size=1, max_size=4),
+)
+def test_no_cut_passes_a_failing_trace_under_the_evidence_rule_without_a_floor(
+    seed: int, noise: float, bias: float, cuts: list[tuple[str, int]]
+) -> None:
+    oracle, cand = build(seed, noise, bias)
+    assume(compare(oracle, cand, EVIDENCE_ONLY).exit_code == 1)
+    assert _not_a_pass(oracle, apply_cuts(cand, oracle, cuts), EVIDENCE_ONLY), cuts
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: the not_greedy rule fails every divergence of a candidate whose own lists show it "
+    "is not greedy, exact ties included; without a floor, the same candidate with its lists removed "
+    "is a v1 candidate whose exact tie is ratified. Closing it means either judging exact and mnats "
+    "ties by the oracle's list alone for such a candidate, or failing a candidate without lists: a "
+    "decision on the doctrine, left to its owner",
+)
+def test_removing_the_lists_that_show_a_candidate_is_not_greedy_never_passes_it() -> None:
+    head = TraceHeader("oracle", "m", 3, {"name": "e", "version": "1"})
+    o = PromptRecord(
+        "p",
+        (1,),
+        (5, 6, 7),
+        top_logprobs=[[[5, -0.5], [9, -0.5], [2, -3.0]], [[6, -0.1], [3, -3.0], [4, -4.0]], [[7, -0.2], [3, -3.0]]],
+    )
+    # An exact tie taken the other way at 0; at 1 its own list ranks 3 above the 6 it took.
+    c = PromptRecord(
+        "p",
+        (1,),
+        (9, 6, 7),
+        top_logprobs=[[[5, -0.5], [9, -0.5], [2, -3.0]], [[3, -0.1], [6, -0.2], [4, -4.0]], [[7, -0.2], [3, -3.0]]],
+    )
+    oracle = Trace(head, (o,), "o.jsonl")
+    cand = Trace(replace(head, role="candidate"), (c,), "c.jsonl")
+    r = compare(oracle, cand, Doctrine())
+    assert r.verdict == "fail" and r.not_greedy_total == 1
+    cut = apply_cuts(cand, oracle, [("drop_all_lists", 0)])
+    assert _not_a_pass(oracle, cut, Doctrine())
 
 
 # --------------------------------------------------------------------------- on the default pin

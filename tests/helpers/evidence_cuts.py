@@ -1,7 +1,9 @@
 """Evidence-reducing transformations of a candidate trace, for the monotonicity properties:
 each removes, truncates or replaces something the candidate reports about itself (list
 entries, whole lists, forced ids and lists, `token_logits`, the header's `top_k`, header
-fields, the tail of a free run). Pure: Trace objects in, Trace objects out."""
+fields, the tail of a free run), or puts one field's values in another's place (forced
+lists := free-run lists and back, header `top_k` := its shortest list). Pure: Trace objects
+in, Trace objects out."""
 
 from __future__ import annotations
 
@@ -170,6 +172,38 @@ def cut_free_run(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
     return _records(trace, rng, change)
 
 
+def forced_from_free(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
+    """A forced prompt's lists replaced by its free run's, position by position (where the
+    free run has one): one field's values put in another's place."""
+
+    def change(rec: PromptRecord) -> PromptRecord:
+        free, forced = _lists(rec, FREE), _lists(rec, FORCED)
+        if free is None or forced is None:
+            return rec
+        return _with_lists(rec, FORCED, [free[i] if i < len(free) else pos for i, pos in enumerate(forced)])
+
+    return _records(trace, rng, change)
+
+
+def free_from_forced(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
+    """A free run's lists replaced by its forced decode's (the lists the teacher-forced pass
+    saw), position by position."""
+
+    def change(rec: PromptRecord) -> PromptRecord:
+        free, forced = _lists(rec, FREE), _lists(rec, FORCED)
+        if free is None or forced is None:
+            return rec
+        return _with_lists(rec, FREE, [forced[i] if i < len(forced) else pos for i, pos in enumerate(free)])
+
+    return _records(trace, rng, change)
+
+
+def top_k_from_lists(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
+    """The header's `top_k` replaced by the length of the candidate's shortest non-empty list."""
+    lengths = [len(pos) for rec in trace.records for part in (FREE, FORCED) for pos in _lists(rec, part) or () if pos]
+    return replace(trace, header=replace(trace.header, top_k=min(lengths, default=0)))
+
+
 CUTS: dict[str, Callable[[Trace, Trace, random.Random], Trace]] = {
     "truncate": truncate,
     "drop_entry": drop_entry,
@@ -184,6 +218,9 @@ CUTS: dict[str, Callable[[Trace, Trace, random.Random], Trace]] = {
     "lower_top_k": lower_top_k,
     "drop_header_fields": drop_header_fields,
     "cut_free_run": cut_free_run,
+    "forced_from_free": forced_from_free,
+    "free_from_forced": free_from_forced,
+    "top_k_from_lists": top_k_from_lists,
 }
 
 

@@ -21,6 +21,7 @@ import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -61,8 +62,14 @@ TRACE = "candidate trace"
 SUITE = "prompt list (a suite, or exported prompts)"
 SETTINGS = "oracle settings (oracle.json)"
 REPORT = "report"
-# What is read to tell a kind: a header line is far shorter; oracle.json a few kB.
+# A file whose first line is a JSON object too long to read whole: of no kind gate can
+# tell, so nothing replaces it (it is no report either).
+UNTOLD = "file whose first line is too long to tell its kind"
+# What is read to tell a kind: most header lines are far shorter; oracle.json a few kB.
 _KIND_BYTES = 1024 * 1024
+# A first line longer than _KIND_BYTES (a pin's header with the hashes of a large suite's
+# prompts) is read on to its end, up to this: a trace reader's own limit on a line.
+MAX_KIND_LINE_BYTES = 256 * 1024 * 1024
 # The key only a progress file's header carries (gate.workflows.progress).
 PROGRESS_KEY = "gate_progress"
 _LEGACY_PROGRESS_SUFFIX = ".partial.jsonl"
@@ -74,11 +81,15 @@ _SETTINGS_KEYS = frozenset(
 
 
 def kind_of(head: bytes, name: str = "") -> str:
-    """The kind of a file that begins with `head` (its first `_KIND_BYTES`), named `name`."""
-    line = head.split(b"\n", 1)[0]
+    """The kind of a file that begins with `head` (its first `_KIND_BYTES`, or its whole
+    first line when that is longer: `kind_head`), named `name`. The first line is the first
+    non-blank one, as the trace reader takes it (it skips blank lines)."""
+    line = head.lstrip().split(b"\n", 1)[0]
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
+        if len(line) >= _KIND_BYTES and line.lstrip().startswith(b"{"):
+            return UNTOLD  # a first line cut short: a header gate cannot read, never a report
         try:
             obj = orjson.loads(head) if len(head) < _KIND_BYTES else None
         except orjson.JSONDecodeError:
@@ -121,7 +132,7 @@ def file_kind(path: str | os.PathLike[str]) -> str | None:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
         with open(path, "rb") as fh:
-            head = fh.read(_KIND_BYTES)
+            head = _read_head(fh)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError:
@@ -131,6 +142,36 @@ def file_kind(path: str | os.PathLike[str]) -> str | None:
     return kind_of(head, Path(path).name)
 
 
+def _read_head(fh: BinaryIO) -> bytes:
+    """What `kind_of` reads of a file: its first `_KIND_BYTES`, and on, when its first
+    non-blank line runs past them, to that line's end (up to `MAX_KIND_LINE_BYTES` in all)."""
+    parts: list[bytes] = []
+    size = 0
+    started = False  # the first non-blank line has begun
+    while size < MAX_KIND_LINE_BYTES:
+        chunk = fh.read(min(_KIND_BYTES, MAX_KIND_LINE_BYTES - size))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+        if not started:
+            rest = chunk.lstrip()
+            started = bool(rest)
+            if b"\n" in rest:
+                break
+        elif b"\n" in chunk:
+            break
+    return b"".join(parts)
+
+
+def kind_head(data: bytes) -> bytes:
+    """What `kind_of` reads of bytes about to be written: their first `_KIND_BYTES`, or on to
+    the end of their first non-blank line when it is longer (up to `MAX_KIND_LINE_BYTES`)."""
+    begin = len(data) - len(data.lstrip())
+    end = data.find(b"\n", begin, MAX_KIND_LINE_BYTES)
+    return data[: max(end + 1, _KIND_BYTES)] if end >= 0 else data[:MAX_KIND_LINE_BYTES]
+
+
 def other_kind(name: str, kind: str, writes: str) -> str:
     """The one line that refuses to write a `writes` over a file of `kind`."""
     held = "file with no gate header (a report, or a file of your own)" if kind == REPORT else kind
@@ -138,6 +179,33 @@ def other_kind(name: str, kind: str, writes: str) -> str:
         f"{name}: is a {held}; this writes a {writes} there, and gate never replaces a file of another "
         "kind, --force or not (name another file)"
     )
+
+
+def append_problem(target: str | os.PathLike[str]) -> str | None:
+    """Why a report may not be appended to `target` (the job summary), or None: only to a
+    regular file, or none yet, that is no gate data file (`file_kind`)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a directory, FIFO or device); the job summary must be one"
+    kind = file_kind(target)
+    if kind is not None and kind != REPORT:
+        return f"is a {kind}; the job summary gets a report appended, and gate never writes into a file of another kind"
+    return None
+
+
+def append_regular(target: str | os.PathLike[str], text: str) -> None:
+    """Append `text` to `target`, a regular file (made when missing): opened without
+    blocking, so a FIFO put there since `append_problem` is refused (OSError), never waited on."""
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(f"{target}: not a regular file")
+        fh.write(text)
 
 
 def check_target(
@@ -191,7 +259,7 @@ def atomic_write(
     if overwrite:
         # The last line of defence of the rule `check_target` states: whatever a caller
         # checked before, a file of another kind than these bytes is never replaced.
-        have, writes = file_kind(target), kind_of(data[:_KIND_BYTES], target.name)
+        have, writes = file_kind(target), kind_of(kind_head(data), target.name)
         if have is not None and have != writes:
             raise InputError(other_kind(str(target), have, writes))
     try:

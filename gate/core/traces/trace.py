@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from gate.core.storage.atomic import atomic_write
+from gate.core.storage.json_shape import MAX_JSON_DEPTH, keys_and_depth, shown
 from gate.core.traces.header_fields import check_header_fields
 from gate.core.traces.moe import (
     FORCED_ROUTED_EXPERTS,
@@ -38,6 +39,9 @@ from gate.errors import TraceError
 TRACE_VERSION = 1
 ROLES: tuple[str, ...] = ("oracle", "candidate")
 FINISH_REASONS = ("length", "stop", None)
+# `forced_mode`: the path that gave a candidate's forced data (a decode step per position,
+# or one prefill over the oracle's tokens).
+FORCED_MODES = ("decode", "prefill")
 # One top-k list: (token_id, logprob) pairs, logprob descending then token id ascending.
 # Stored as parsed (lists of [id, logprob]); treat as read-only.
 TopList = Sequence[Sequence[Any]]
@@ -320,14 +324,13 @@ def _read_trace(name: str, role: str | None) -> Trace:
             raise TraceError(name, lineno, None, why)
         obj = _loads(name, lineno, raw)
         if header is None:
-            _check_unique_keys(name, lineno, raw, obj, _keys_in(obj))
+            _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj))
             header = _parse_header(name, lineno, obj)
             if role is not None and header.role != role:
                 raise TraceError(name, lineno, "role", f"expected {_article(role)} {role} trace, found {header.role!r}")
             continue
         if type(obj) is dict:
-            keys = len(obj) + sum(_keys_in(v) for k, v in obj.items() if k not in _FLAT_FIELDS)
-            _check_unique_keys(name, lineno, raw, obj, keys)
+            _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj, skip=_FLAT_FIELDS))
         rec = _parse_record(name, lineno, obj, header)
         if rec.id in seen:
             raise TraceError(name, lineno, "id", f"duplicate id {rec.id!r} (first on line {seen[rec.id]})")
@@ -462,13 +465,28 @@ def _loads(name: str, lineno: int, raw: bytes) -> Any:
         raise TraceError(name, lineno, None, f"bad JSON: {msg}") from None
 
 
-def _keys_in(value: Any) -> int:
-    """How many keys the objects in `value` hold, all levels down."""
-    if type(value) is dict:
-        return len(value) + sum(map(_keys_in, value.values()))
-    if type(value) is list:
-        return sum(map(_keys_in, value))
-    return 0
+def _walked_keys(name: str, lineno: int, obj: Any, skip: frozenset[str] = frozenset()) -> int:
+    """How many keys the objects of one line hold, all levels down, and a field nested
+    deeper than MAX_JSON_DEPTH refused (gate walks, compares and writes what it keeps).
+
+    The fields in `skip` are not walked: their own checks refuse any object or nesting in
+    them element by element (and show a bad value cut, `shown`), and they are the bulk of
+    a trace. A line that is no object holds no keys here; its parse refuses it."""
+    if type(obj) is not dict:
+        return 0
+    total = len(obj)
+    for key, value in obj.items():
+        if key in skip:
+            continue
+        keys, depth = keys_and_depth(value)
+        if depth + 1 > MAX_JSON_DEPTH:
+            why = (
+                f"nested {depth + 1} levels deep in its line, more than {MAX_JSON_DEPTH} levels: no trace "
+                "field comes near it; refused"
+            )
+            raise TraceError(name, lineno, key, why)
+        total += keys
+    return total
 
 
 class _DuplicateKey(Exception):
@@ -560,7 +578,7 @@ def _int_list(name: str, lineno: int, fld: str, value: Any) -> tuple[int, ...]:
         return tuple(value)
     for i, t in enumerate(value):
         if not _is_int(t):
-            raise TraceError(name, lineno, f"{fld}[{i}]", f"token id must be an integer, found {t!r}")
+            raise TraceError(name, lineno, f"{fld}[{i}]", f"token id must be an integer, found {shown(t)}")
         if t < 0:
             raise TraceError(name, lineno, f"{fld}[{i}]", f"negative token id {t}")
     return tuple(value)
@@ -573,7 +591,7 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
     if "id" not in obj:
         raise TraceError(name, lineno, "id", "missing")
     if not isinstance(rid, str) or not rid:
-        raise TraceError(name, lineno, "id", f"must be a non-empty string, found {rid!r}")
+        raise TraceError(name, lineno, "id", f"must be a non-empty string, found {shown(rid)}")
     for req in ("prompt_token_ids", "token_ids"):
         if req not in obj:
             raise TraceError(name, lineno, req, f"missing (prompt {rid!r})")
@@ -594,7 +612,7 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
 
     finish = obj.get("finish_reason")
     if finish not in FINISH_REASONS:
-        raise TraceError(name, lineno, "finish_reason", f"must be 'length', 'stop' or null, found {finish!r}")
+        raise TraceError(name, lineno, "finish_reason", f"must be 'length', 'stop' or null, found {shown(finish)}")
     prompt = obj.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise TraceError(name, lineno, "prompt", "must be a string")
@@ -617,9 +635,7 @@ def _parse_record(name: str, lineno: int, obj: Any, header: TraceHeader) -> Prom
     if forced_top is not None:
         forced_top = check_forced_top(name, lineno, forced_top, forced_ids, header, oracle)
     mode = obj.get("forced_mode")
-    if mode is not None and mode not in FORCED_MODES:
-        why = f"must be 'decode' or 'prefill' (which path gave the forced data), found {mode!r}"
-        raise TraceError(name, lineno, "forced_mode", why)
+    _check_forced_mode(name, lineno, mode, forced_ids)
     check_routing_fields(
         name,
         lineno,
@@ -679,6 +695,19 @@ def check_forced_top(
     return check_top_logprobs(name, lineno, value, forced_ids, oracle=False, fld=fld, top_k=header.top_k)
 
 
+def _check_forced_mode(name: str, lineno: int, value: Any, forced_ids: Sequence[int] | None) -> None:
+    """`forced_mode`: which path gave the forced data, `"decode"` or `"prefill"` (null: none),
+    and only beside the `forced_token_ids` it describes."""
+    if value is None:
+        return
+    if value not in FORCED_MODES or type(value) is not str:
+        why = f"must be 'decode' or 'prefill' (the path that gave the forced data), found {shown(value)}"
+        raise TraceError(name, lineno, "forced_mode", why)
+    if forced_ids is None:
+        why = "needs forced_token_ids in the same record (a forced mode without a forced decode to describe)"
+        raise TraceError(name, lineno, "forced_mode", why)
+
+
 def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[int]) -> None:
     """`token_logits`: one finite, plausible number per generated token.
 
@@ -703,7 +732,7 @@ def _check_token_logits(name: str, lineno: int, value: Any, token_ids: Sequence[
     for i, v in enumerate(value):
         where = f"{fld}[{i}]"
         if not _is_num(v):
-            raise TraceError(name, lineno, where, f"a logit must be a number, found {v!r}")
+            raise TraceError(name, lineno, where, f"a logit must be a number, found {shown(v)}")
         if type(v) is int and abs(v) > _MAX_FLOAT_INT:
             raise TraceError(name, lineno, where, f"logit {v} is out of range")
         if not math.isfinite(v) or abs(v) > MAX_ABS_LOGIT:
@@ -832,14 +861,14 @@ def _check_position(name: str, lineno: int | None, fld: str, pos: Any, chosen: i
     for j, pair in enumerate(pos):
         where = f"{fld}[{j}]"
         if not isinstance(pair, list) or len(pair) != 2:
-            raise TraceError(name, lineno, where, f"must be a [token_id, logprob] pair, found {pair!r}")
+            raise TraceError(name, lineno, where, f"must be a [token_id, logprob] pair, found {shown(pair)}")
         tid, lp = pair
         if not _is_int(tid):
-            raise TraceError(name, lineno, where, f"token id must be an integer, found {tid!r}")
+            raise TraceError(name, lineno, where, f"token id must be an integer, found {shown(tid)}")
         if tid < 0:
             raise TraceError(name, lineno, where, f"negative token id {tid}")
         if not _is_num(lp):
-            raise TraceError(name, lineno, where, f"logprob must be a number, found {lp!r}")
+            raise TraceError(name, lineno, where, f"logprob must be a number, found {shown(lp)}")
         if type(lp) is int and abs(lp) > _MAX_FLOAT_INT:
             raise TraceError(name, lineno, where, f"logprob {lp} is out of range")
         if math.isnan(lp) or math.isinf(lp):

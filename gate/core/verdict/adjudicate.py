@@ -184,7 +184,6 @@ def compare_prompt(
             top_logit=float(tl) if isinstance(tl, (int, float)) else None,
             candidate_top=own.at(source, i) if cand_token is not None else None,
             drift=drift,
-            part_has_lists=ev.has_lists(source),
             not_greedy=not_greedy,
         )
         d = classify(evidence_here, doctrine)

@@ -71,7 +71,6 @@ class PositionEvidence:
     margin_units: float | None  # u_c: the candidate's own logprob of c minus o's, in units
     candidate_top: TopList | None  # the candidate's own list here (free run or forced)
     drift: RunDrift | None  # the run's drift (evidence rule only)
-    part_has_lists: bool  # the candidate's part (free run or forced) carries lists elsewhere
     not_greedy: bool  # the candidate is not greedy over its own lists somewhere in the run
 
     @property
@@ -103,14 +102,12 @@ def position_evidence(
     top_logit: float | None = None,
     candidate_top: TopList | None = None,
     drift: RunDrift | None = None,
-    part_has_lists: bool = False,
     not_greedy: bool = False,
 ) -> PositionEvidence:
     """The evidence at one position, measured in the doctrine's dtype and units.
 
     `top_logit`: the oracle's top logit here (`token_logits`); `candidate_top`: the
-    candidate's own list here; `drift`: the run's; `part_has_lists`: whether the
-    candidate's part carries lists anywhere; `not_greedy`: whether the candidate is not
+    candidate's own list here; `drift`: the run's; `not_greedy`: whether the candidate is not
     greedy over its own lists anywhere in the run."""
     lps = {int(t): float(lp) for t, lp in top}
     o_lp = lps[oracle_token]
@@ -142,7 +139,6 @@ def position_evidence(
         margin_units=margin,
         candidate_top=candidate_top,
         drift=drift,
-        part_has_lists=part_has_lists,
         not_greedy=not_greedy,
     )
 
@@ -246,8 +242,9 @@ def _near_tie_evidence(ev: PositionEvidence, doctrine: Doctrine) -> bool:
 
 
 def _no_list(ev: PositionEvidence, doctrine: Doctrine) -> bool:
-    # Less evidence is never laxer than the lists elsewhere in the part.
-    return ev.grid_step is not None and doctrine.evidence is not None and ev.part_has_lists
+    # The doctrine asks for the candidate's own list here: its absence earns nothing,
+    # wherever the candidate's other lists are (less evidence never ratifies more).
+    return ev.grid_step is not None and doctrine.evidence is not None
 
 
 def _near_tie_grid_steps(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -311,7 +308,7 @@ CHAIN: tuple[Rule, ...] = (
         RULE_NO_LIST,
         DEFECT,
         _no_list,
-        "evidence rule, but no usable own list here while the rest of the candidate's part has lists",
+        "evidence rule, but no usable own list here (wherever its other lists are): its absence earns nothing",
     ),
     Rule(
         RULE_GRID,

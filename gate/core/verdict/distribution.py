@@ -78,15 +78,19 @@ def kl_common_mnats(oracle_top: Sequence[Sequence[Any]], candidate_top: Sequence
     common = [t for t in o if t in c]
     if not common:
         return 0.0, 0
-    o_lse = _logsumexp([o[t] for t in common])
-    c_lse = _logsumexp([c[t] for t in common])
-    kl = math.fsum(math.exp(o[t] - o_lse) * ((o[t] - o_lse) - (c[t] - c_lse)) for t in common)
+    on = _normalised({t: o[t] for t in common})
+    cn = _normalised({t: c[t] for t in common})
+    kl = math.fsum(math.exp(on[t]) * (on[t] - cn[t]) for t in common)
     return 1000.0 * max(kl, 0.0), len(common)
 
 
-def _logsumexp(values: Sequence[float]) -> float:
-    m = max(values)
-    return m + math.log(math.fsum(math.exp(v - m) for v in values))
+def _normalised(values: Mapping[int, float]) -> dict[int, float]:
+    """Each logprob less the values' log-sum-exp, taken relative to their maximum: at a huge
+    magnitude (-3.4e38, a masked logit) `m + log(k)` rounds to m, and every token would read
+    as probability 1."""
+    m = max(values.values())
+    log_mass = math.log(math.fsum(math.exp(v - m) for v in values.values()))
+    return {t: (v - m) - log_mass for t, v in values.items()}
 
 
 def canonical(top: Sequence[Sequence[Any]], keep: int) -> dict[int, float]:
@@ -112,18 +116,16 @@ def kl_mnats(oracle_top: Sequence[Sequence[Any]], cand: Mapping[int, float]) -> 
     least mass: k = 0 .. |absent| covers it. An empty `cand` is not measured (0, 0)."""
     if not cand:
         return 0.0, 0
-    o = lp_map(oracle_top)
-    o_lse = _logsumexp(list(o.values()))
-    share = {t: math.exp(lp - o_lse) for t, lp in o.items()}
+    o = _normalised(lp_map(oracle_top))
+    share = {t: math.exp(lp) for t, lp in o.items()}
     bound = min(cand.values())
     top = max((lp for t, lp in cand.items() if t not in o), default=bound)
     absent = sorted((t for t in o if t not in cand), key=lambda t: (share[t], t))
     best = -math.inf
     for k in range(len(absent) + 1 if top > bound else 1):
         high = set(absent[:k])
-        q = {t: cand.get(t, top if t in high else bound) for t in o}
-        c_lse = _logsumexp(list(q.values()))
-        kl = math.fsum(share[t] * ((o[t] - o_lse) - (q[t] - c_lse)) for t in o)
+        q = _normalised({t: cand.get(t, top if t in high else bound) for t in o})
+        kl = math.fsum(share[t] * (o[t] - q[t]) for t in o)
         best = max(best, kl)
     return 1000.0 * max(best, 0.0), len(o) - len(absent)
 

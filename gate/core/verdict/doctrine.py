@@ -40,8 +40,10 @@ class Evidence:
         position, is at most `candidate_ulps`, and
       - the run's drift (median |swing| of the top-1-minus-top-2 difference over every
         position where the candidate shares the oracle's context) is at most `drift_ulps`;
-    else it is a defect. A flip without the candidate's top-k there falls back to the
-    doctrine's `near_tie_ulps`; a run too short to measure its drift skips that test.
+    else it is a defect. A flip without the candidate's top-k there (or one lacking either
+    token) earns no allowance in grid steps (`near_tie_ulps` does not apply under this rule:
+    a doctrine that asks for the candidate's lists is not passed by their absence); a run
+    too short to measure its drift skips that test.
     """
 
     oracle_ulps: float

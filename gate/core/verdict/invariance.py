@@ -300,7 +300,7 @@ def floored(rec: PromptRecord, doctrine: Doctrine) -> PromptRecord:
     the floor, so taking the floor is the smallest unit the rule allows: a flip the rule
     ratifies with it, it would ratify with the true logits too, and the drift counts at
     least as many units (`gate.core.verdict.doctrine.Evidence`). (A flip whose cell top-k
-    lacks either token falls back to `near_tie_ulps`, then also sized at the floor.)"""
+    lacks either token earns no allowance in grid steps under the evidence rule.)"""
     ev = doctrine.evidence
     if ev is None or rec.token_logits is not None:
         return rec

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gate.core.traces.trace import FORCED_TOP_KEY, PromptRecord, Trace
-from gate.core.verdict.grid import logprob_slack
+from gate.core.verdict.grid import MAX_GRID_LOGIT, logprob_slack
 from gate.errors import InputError
 
 FREE_RUN = "free_run"  # the values of `Divergence.source` (gate.core.verdict.result)
@@ -158,8 +158,10 @@ def _greedy_breaks_arrays(prompt_id: str, source: str, tops: Any, chosen: Sequen
     has = hit.any(axis=1)
     c_lp = np.where(has, np.where(hit, lps, -np.inf).max(axis=1), -np.inf)
     best = lps.max(axis=1)
-    # One float32 step at the larger magnitude (logprob_slack), vectorised.
+    # One float32 step at the larger magnitude (logprob_slack), vectorised, and capped as it
+    # is: a magnitude of MAX_GRID_LOGIT or more takes the step of [64, 128).
     mag = np.maximum(np.abs(best), np.abs(np.where(has, c_lp, best)))
+    mag = np.where(mag >= MAX_GRID_LOGIT, 64.0, mag)
     _, exp = np.frexp(mag)
     slack = np.where(mag == 0.0, 2.0**-149, np.ldexp(1.0, np.maximum(exp - 1, -126) - 23))
     bad = ~has | (best - c_lp > slack)

@@ -17,7 +17,7 @@ RULE_ORACLE_GAP = "oracle_gap_beyond"  # evidence: the oracle's gap beyond oracl
 RULE_OWN_MARGIN = "own_margin_beyond"  # evidence: the candidate's own margin beyond candidate_ulps units
 RULE_NEGATIVE_MARGIN = "negative_margin"  # evidence: its own list ranks the oracle's token above its own
 RULE_DRIFT_BEYOND = "drift_beyond"  # the run drifts beyond the doctrine: no allowance beyond the mnats
-RULE_NO_LIST = "no_list"  # no own list at this flip, where the rest of its part has lists
+RULE_NO_LIST = "no_list"  # no usable own list at this flip, under the evidence rule
 RULES = (
     RULE_EXACT_TIE,
     RULE_MNATS,

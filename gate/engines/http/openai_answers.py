@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from gate.engines.http.openai_http import HttpClient, error_text, logprobs_agree, quote
+from gate.engines.http.openai_http import HttpClient, error_text, logprobs_agree, only_choice, quote
 from gate.errors import EngineError
 
 _TOKEN_KEY = re.compile(r"token_id:(\d+)\Z")
@@ -75,9 +75,10 @@ class TokenIdAnswers:
         if isinstance(obj, dict) and isinstance(obj.get("error"), (dict, str)) and "choices" not in obj:
             self._fail(where, prompt_id, f"the server answered with an error: {error_text(obj)}")
         choices = obj.get("choices") if isinstance(obj, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            self._fail(where, prompt_id, "the response has no choices[0] object")
-        return choices[0]
+        choice = only_choice(choices)
+        if isinstance(choice, str):
+            self._fail(where, prompt_id, choice)
+        return choice
 
     def _token_id(self, value: Any, where: str, prompt_id: str | None, fld: str) -> int:
         if type(value) is int and value >= 0:

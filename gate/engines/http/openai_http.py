@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from gate.core.storage.json_shape import MAX_JSON_DEPTH, keys_and_depth
 from gate.errors import EngineError, InputError
 
 # A Retry-After longer than this is not waited out: the run would look hung.
@@ -357,7 +358,15 @@ class HttpClient:
                     f"{quote(data.decode('utf-8', 'replace'), 80)!r}"
                 )
             ) from None
-        twice = duplicate_key(data, obj)
+        keys, depth = keys_and_depth(obj)
+        if depth > MAX_JSON_DEPTH:
+            raise EngineError(
+                self.scrub(
+                    f"{url}{about}: the answer is nested {depth} levels deep, more than {MAX_JSON_DEPTH}: "
+                    "no completion answer comes near it; refused"
+                )
+            )
+        twice = duplicate_key(data, obj, keys)
         if twice is not None:
             where, key = twice
             raise EngineError(
@@ -375,14 +384,16 @@ class _Twice(dict[str, Any]):
     key = ""
 
 
-def duplicate_key(raw: bytes, obj: Any) -> tuple[str, str] | None:
+def duplicate_key(raw: bytes, obj: Any, keys: int | None = None) -> tuple[str, str] | None:
     """Where a JSON answer's object repeats a key: (its path, e.g. `choices[0].logprobs.
     top_logprobs[3]`, and the key), else None.
 
     Fast: every key is followed by one colon outside strings, so when the body holds no
     more colons than the parsed objects hold keys, no key was repeated. Only a body that
-    fails that is parsed again, slowly, to find the object."""
-    keys = _keys_in(obj)
+    fails that is parsed again, slowly, to find the object. `keys`: the objects' keys, when
+    counted already (`keys_and_depth`); `obj` must nest at most MAX_JSON_DEPTH levels."""
+    if keys is None:
+        keys = keys_and_depth(obj)[0]
     colons = raw.count(b":")
     if colons == keys or (colons > keys and _JSON_STRING.sub(b"", raw).count(b":") == keys):
         return None
@@ -403,14 +414,6 @@ def duplicate_key(raw: bytes, obj: Any) -> tuple[str, str] | None:
         return None
 
 
-def _keys_in(value: Any) -> int:
-    if type(value) is dict:
-        return len(value) + sum(map(_keys_in, value.values()))
-    if type(value) is list:
-        return sum(map(_keys_in, value))
-    return 0
-
-
 def _find_twice(value: Any, path: str) -> tuple[str, str] | None:
     if isinstance(value, _Twice):
         return path or "the answer", value.key
@@ -420,6 +423,24 @@ def _find_twice(value: Any, path: str) -> tuple[str, str] | None:
         if hit is not None:
             return hit
     return None
+
+
+def only_choice(choices: Any) -> dict[str, Any] | str:
+    """The one choice of an answer's `choices`, or what is wrong with them (a str): gate
+    sends one prompt and asks for one completion, so the answer holds exactly one choice,
+    for index 0 (an `index` may be left out). Two, or one for another index, would leave
+    which one is the prompt's greedy continuation a guess."""
+    if not isinstance(choices, list) or not choices:
+        return "the response has no choices[0] object"
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return "the response's choices[0] is not an object"
+    if len(choices) != 1:
+        return f"the response holds {len(choices)} choices for one prompt and one completion (n=1)"
+    index = choice.get("index", 0)
+    if type(index) is not int or index != 0:
+        return f"the response's one choice has index {quote(repr(index), 40)}, not 0: the choice of another prompt"
+    return choice
 
 
 def logprobs_agree(a: float, b: float) -> bool:

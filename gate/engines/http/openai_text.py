@@ -49,7 +49,7 @@ import orjson
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, greedy_record
-from gate.engines.http.openai_http import HttpClient, ServerError, logprobs_agree, quote
+from gate.engines.http.openai_http import HttpClient, ServerError, logprobs_agree, only_choice, quote
 from gate.errors import EngineError, InputError
 
 FORCED_MODES = ("decode", "none")
@@ -282,9 +282,9 @@ class TextCompletionsDialect:
             with self._lock:
                 self._answered.add(name)
         choices = obj.get("choices") if isinstance(obj, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            self._fail(prompt_id, "the response has no choices[0] object")
-        choice = choices[0]
+        choice = only_choice(choices)
+        if isinstance(choice, str):
+            self._fail(prompt_id, choice)
         finish = choice.get("finish_reason")
         if finish not in ("stop", "length"):
             self._fail(prompt_id, f"finish_reason {finish!r} (expected stop or length)")
