@@ -44,7 +44,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--schedules",
                 help="Cells to run, comma-separated or repeated: repeat, batch, concurrency, max_num_seqs, needle, "
-                "shuffle, threads, chunked_prefill, forced_decode, prefill \\[default: all the engine can run].",
+                "shuffle, threads, chunked_prefill, forced_decode, prefill, prefix_cache "
+                "\\[default: all the engine can run].",
             ),
         ] = None,
         batch: Annotated[int, typer.Option("--batch", help="N of the batch and needle cells.")] = 8,

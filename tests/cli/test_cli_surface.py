@@ -70,6 +70,13 @@ def test_every_command_says_its_exit_codes_and_no_stale_default() -> None:
         assert "[default: 125]" not in text, path  # the pin's doctrine decides, not a fixed 125
 
 
+def test_the_invariance_help_names_every_cell() -> None:
+    from gate.workflows.invariance import CELLS
+
+    text = help_text("gate invariance").split("--schedules", 1)[1].split("--batch", 1)[0]
+    assert [c for c in CELLS if c not in text] == []
+
+
 def test_hidden_aliases_stay_out_of_the_help() -> None:
     merge = help_text("gate merge")
     assert "--model" in merge and "--pin-model" not in merge

@@ -148,6 +148,40 @@ def test_the_8da4w_recipe_exports_and_decodes(llama_path: Path, cache_dir: Path,
     engine.close()
 
 
+def test_the_custom_sdpa_attention_decodes_as_the_masked_one(llama_path: Path, cache_dir: Path, tiny: Any) -> None:
+    """ExecuTorch's own `llama.update_cache` and `llama.custom_sdpa` in place of the masked
+    attention over the whole cache: the same float32 computation, a program of its own
+    (another folder, another sha256; the masked build is never taken for it), the same
+    tokens and logprobs within float32 noise, and its forced decode its free run bit for bit."""
+    from gate.engines.executorch.engine import ExecuTorchEngine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GATE_CACHE_DIR", str(cache_dir))
+        engine = ExecuTorchEngine(str(llama_path), max_seq_len=64, attention="custom_sdpa")
+    info = engine.info()
+    assert info["attention"] == "custom_sdpa" and tiny.info()["attention"] == "masked"
+    assert info["pte_sha256"] != tiny.info()["pte_sha256"]
+    assert info["export"]["delegated_ops"]["portable_ops"] < tiny.info()["export"]["delegated_ops"]["portable_ops"]
+    masked_folder = Path(tiny.info()["pte"]).parent
+    assert Path(info["pte"]).parent != masked_folder
+    assert "attention 'masked', not 'custom_sdpa'" in str(check_program_folder(masked_folder, attention="custom_sdpa"))
+    ours = engine.generate(_prompts(engine, 12), TOP_K)
+    theirs = tiny.generate(_prompts(tiny, 12), TOP_K)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids, a.id
+        assert a.top_logprobs is not None and b.top_logprobs is not None
+        for mine, ref in zip(a.top_logprobs, b.top_logprobs, strict=True):
+            assert [t for t, _ in mine] == [t for t, _ in ref]
+            assert all(abs(x - y) < 1e-3 for (_, x), (_, y) in zip(mine, ref, strict=True))
+        forced = engine.force(a.prompt_token_ids, a.token_ids, TOP_K)
+        assert forced.token_ids == a.token_ids and list(forced.top_logprobs) == list(a.top_logprobs)
+    long, short = _prompts(engine, 8)[3], _prompts(engine, 8)[0]
+    alone = engine.generate([short], TOP_K)[0]
+    after = engine.generate([long, short], TOP_K)[1]
+    assert after.token_ids == alone.token_ids and after.top_logprobs == alone.top_logprobs
+    engine.close()
+
+
 # --------------------------------------------------------------------------- faults (one line)
 
 

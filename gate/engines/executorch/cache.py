@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from gate.core.storage.files import gate_cache_dir
-from gate.engines.executorch.export import BACKEND, RECIPES
+from gate.engines.executorch.export import ATTENTIONS, BACKEND, RECIPES
 from gate.errors import EngineError, InputError
 from gate.models.default import build_and_publish, read_build_manifest
 from gate.models.hashing import source_hashes
@@ -56,10 +56,18 @@ def versions() -> dict[str, str]:
     return out
 
 
-def program_dir(source: Path, recipe: str, max_seq_len: int, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where the ExecuTorch build of `source` with `recipe` lives (built or not)."""
+def program_dir(
+    source: Path,
+    recipe: str,
+    max_seq_len: int,
+    cache_dir: str | os.PathLike[str] | None = None,
+    attention: str = "masked",
+) -> Path:
+    """Where the ExecuTorch build of `source` with `recipe` and `attention` lives (built or
+    not); the default attention keeps the folder name builds had before there was a choice."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else gate_cache_dir() / "models"
-    return root / f"{source.name}-executorch-{recipe}-{BACKEND.lower()}-seq{max_seq_len}"
+    kind = recipe if attention == "masked" else f"{recipe}-{attention}"
+    return root / f"{source.name}-executorch-{kind}-{BACKEND.lower()}-seq{max_seq_len}"
 
 
 def executorch_program(
@@ -69,11 +77,14 @@ def executorch_program(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     log: Log | None = None,
+    attention: str = "masked",
 ) -> Path:
     """The folder of the ExecuTorch build of `source`, exported on first use and checked
     against its manifest on every later use."""
     if recipe not in RECIPES:
         raise InputError(f"--engine-opt recipe={recipe}: expected one of {', '.join(RECIPES)}")
+    if attention not in ATTENTIONS:
+        raise InputError(f"--engine-opt attention={attention}: expected one of {', '.join(ATTENTIONS)}")
     say = log or _stderr
     src = Path(source).expanduser()
     if not (src / "config.json").is_file():
@@ -81,29 +92,36 @@ def executorch_program(
             f"{src}: not a Hugging Face model folder (no config.json) to export an ExecuTorch program from"
         )
     hashes = source_hashes(src)
-    target = program_dir(src, recipe, max_seq_len, cache_dir)
+    target = program_dir(src, recipe, max_seq_len, cache_dir, attention)
     if target.exists():
-        problem = check_program_folder(target, source_weights_sha256=hashes["weights_sha256"])
+        problem = check_program_folder(target, source_weights_sha256=hashes["weights_sha256"], attention=attention)
         if problem is None:
             return target
         say(f"the cached ExecuTorch program at {target} failed its check ({problem}); exporting it again")
     else:
-        say(f"exporting the ExecuTorch program ({recipe}, {BACKEND}) of {src} into {target} (once, minutes)")
-    build_and_publish(target, lambda tmp: _build(src, tmp, recipe, max_seq_len, hashes))
-    problem = check_program_folder(target, source_weights_sha256=hashes["weights_sha256"])
+        what = f"({recipe}, {attention}, {BACKEND})"
+        say(f"exporting the ExecuTorch program {what} of {src} into {target} (once, minutes)")
+    build_and_publish(target, lambda tmp: _build(src, tmp, recipe, max_seq_len, hashes, attention))
+    problem = check_program_folder(target, source_weights_sha256=hashes["weights_sha256"], attention=attention)
     if problem is not None:
         raise EngineError(f"the ExecuTorch program exported at {target} does not pass its own check: {problem}")
     return target
 
 
-def check_program_folder(folder: Path, *, source_weights_sha256: str | None = None) -> str | None:
-    """None when `folder` holds an intact build (of those weights, by this ExecuTorch), else why not."""
+def check_program_folder(
+    folder: Path, *, source_weights_sha256: str | None = None, attention: str | None = None
+) -> str | None:
+    """None when `folder` holds an intact build (of those weights, by this ExecuTorch, with
+    that attention: a manifest that names none is `masked`'s, the only one there was), else why not."""
     manifest = load_manifest(folder, PTE_MANIFEST, "gate_executorch_manifest", PTE_MANIFEST_VERSION)
     if isinstance(manifest, str):
         return manifest
     source = manifest.get("source") or {}
     if source_weights_sha256 is not None and source.get("weights_sha256") != source_weights_sha256:
         return "it was exported from other weights than the source folder holds now"
+    built_attention = manifest.get("attention", "masked")
+    if attention is not None and built_attention != attention:
+        return f"it was exported with attention {built_attention!r}, not {attention!r}"
     built = (manifest.get("versions") or {}).get("executorch")
     installed = versions().get("executorch")
     if installed is not None and built != installed:
@@ -116,7 +134,7 @@ def read_program_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | No
     return read_build_manifest(folder, PTE_MANIFEST)
 
 
-def _build(source: Path, out: Path, recipe: str, max_seq_len: int, hashes: dict[str, str]) -> None:
+def _build(source: Path, out: Path, recipe: str, max_seq_len: int, hashes: dict[str, str], attention: str) -> None:
     try:
         import executorch  # noqa: F401
     except ImportError as exc:
@@ -124,7 +142,7 @@ def _build(source: Path, out: Path, recipe: str, max_seq_len: int, hashes: dict[
             f"exporting an ExecuTorch program needs the executorch extra ({exc}); {install_line('hf,executorch')}"
         ) from None
     out.mkdir(parents=True)
-    argv = [sys.executable, "-m", EXPORT_MODULE, str(source), str(out / PTE_NAME), recipe, str(max_seq_len)]
+    argv = [sys.executable, "-m", EXPORT_MODULE, str(source), str(out / PTE_NAME), recipe, str(max_seq_len), attention]
     # The child imports this very gate, wherever it was imported from.
     here = str(Path(__file__).resolve().parents[3])
     path = os.environ.get("PYTHONPATH")
@@ -147,11 +165,24 @@ def _build(source: Path, out: Path, recipe: str, max_seq_len: int, hashes: dict[
         errors = [ln for ln in (done.stderr or done.stdout or "").splitlines() if ln.strip()]
         last = errors[-1].strip() if errors else f"exit status {done.returncode}"
         raise EngineError(f"the ExecuTorch export of {source} ({recipe}) failed: {last}")
-    write_manifest(out, recipe, {"path": str(source), **hashes}, facts, build_seconds=time.monotonic() - started)
+    write_manifest(
+        out,
+        recipe,
+        {"path": str(source), **hashes},
+        facts,
+        build_seconds=time.monotonic() - started,
+        attention=attention,
+    )
 
 
 def write_manifest(
-    out: Path, recipe: str, source: dict[str, str], facts: dict[str, Any], *, build_seconds: float = 0.0
+    out: Path,
+    recipe: str,
+    source: dict[str, str],
+    facts: dict[str, Any],
+    *,
+    build_seconds: float = 0.0,
+    attention: str = "masked",
 ) -> None:
     """Record the program's sha256, the recipe, the source and the exporter's versions in
     `out/PTE_MANIFEST`, and flush the folder to disk."""
@@ -162,6 +193,7 @@ def write_manifest(
     manifest = {
         "gate_executorch_manifest": PTE_MANIFEST_VERSION,
         "recipe": recipe,
+        "attention": attention,
         "backend": BACKEND,
         "source": source,
         "export": facts,

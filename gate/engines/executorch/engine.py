@@ -26,7 +26,11 @@ bit for bit.
 
 Options (`--engine-opt key=value`): recipe (fp32, 8da4w; default fp32), pte (a `.pte` to run
 instead of gate's build; recipe then only labels it), max_seq_len (the KV cache length of
-gate's build; default 1024), threads (the runtime's CPU threadpool; default its own choice).
+gate's build; default 1024), threads (the runtime's CPU threadpool; default its own choice),
+attention (gate's build: `masked`, the default, or `custom_sdpa`, ExecuTorch's own
+`llama.update_cache` and `llama.custom_sdpa` operators; `gate.engines.executorch.export`).
+A program that calls those operators runs with their kernels, which gate registers by
+importing `executorch.extension.llm.custom_ops` before loading it.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from gate.engines._common import (
 from gate.engines._logits import first_argmax, top_k_pairs
 from gate.engines._machine import host_machine
 from gate.engines.executorch.cache import PTE_NAME, executorch_program, read_program_manifest
-from gate.engines.executorch.export import BACKEND, RECIPES
+from gate.engines.executorch.export import ATTENTIONS, BACKEND, RECIPES
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
 from gate.models.hashing import source_hashes
@@ -88,6 +92,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "pte": (str, None),
     "max_seq_len": (int, 1024),
     "threads": (int, None),
+    "attention": (str, "masked"),
 }
 
 
@@ -105,6 +110,9 @@ class ExecuTorchEngine(TokenizerMethods):
             raise InputError(f"--engine-opt max_seq_len={opts['max_seq_len']}: expected an integer of 2 or more")
         if opts["threads"] is not None and opts["threads"] < 1:
             raise InputError(f"--engine-opt threads={opts['threads']}: expected a positive integer")
+        attention = str(opts["attention"]).lower()
+        if attention not in ATTENTIONS:
+            raise InputError(f"--engine-opt attention={opts['attention']}: expected one of {', '.join(ATTENTIONS)}")
         self.model_id = model
         self.options = opts
         self.recipe = recipe
@@ -120,11 +128,12 @@ class ExecuTorchEngine(TokenizerMethods):
         else:
             self.source = _source(model, given_pte=False)
             assert self.source is not None  # _source raises rather than return None here
-            folder = executorch_program(self.source, recipe, int(opts["max_seq_len"]))
+            folder = executorch_program(self.source, recipe, int(opts["max_seq_len"]), attention=attention)
             self.pte, self.manifest = folder / PTE_NAME, read_program_manifest(folder)
             self.pte_sha256 = str((self.manifest or {}).get("pte_sha256") or file_sha256(self.pte))
         if opts["threads"] is not None:
             _set_threads(int(opts["threads"]))
+        _register_llm_ops(required=attention == "custom_sdpa" and opts["pte"] is None)
         self.program, self.method = _load(self.pte)
         self.max_seq_len = int(self._constant("get_max_seq_len", opts["max_seq_len"]))
         self.vocab_size: int | None = self._constant("get_vocab_size", None)
@@ -181,6 +190,7 @@ class ExecuTorchEngine(TokenizerMethods):
             "torch": torch.__version__,
             "torchao": _version("torchao"),
             "recipe": manifest.get("recipe", self.recipe),
+            "attention": manifest.get("attention", "masked") if manifest else "as built",
             "backend": manifest.get("backend", BACKEND if manifest else "as built (a program gate did not export)"),
             "pte": str(self.pte),
             "pte_sha256": self.pte_sha256,
@@ -282,6 +292,19 @@ class ExecuTorchEngine(TokenizerMethods):
 
 
 # ---------------------------------------------------------------------- the runtime
+
+
+def _register_llm_ops(*, required: bool) -> None:
+    """ExecuTorch's LLM operators (`llama.update_cache`, `llama.custom_sdpa`, ...): importing
+    `executorch.extension.llm.custom_ops` loads the library that registers their kernels with
+    the runtime. A program gate built with them needs it; any other program may use them."""
+    try:
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+    except (ImportError, OSError, AssertionError) as exc:
+        if required:
+            raise EngineError(
+                f"ExecuTorch's LLM operators did not load ({exc}): attention=custom_sdpa needs them"
+            ) from None
 
 
 def _load(pte: Path) -> tuple[Any, Any]:

@@ -18,11 +18,19 @@ Recipes:
   dimension, activations quantised per token to int8 at run time: the recipe ExecuTorch's
   Llama example ships for XNNPACK (`-qmode 8da4w`). Embeddings stay float32.
 
+Attention (`ATTENTIONS`): `masked` (the default) writes the cache with `index_put` and
+attends over all `max_seq_len` rows with a causal mask row (`StaticCacheDecoder`);
+`custom_sdpa` uses ExecuTorch's own LLM operators `llama.update_cache` and
+`llama.custom_sdpa` (`CustomOpsDecoder`), which attend only to the rows written so far. The
+two are the same computation in float32 (on the tiny test Llama their logits agree to
+about 1e-5); the program of the second needs those operators' kernels in the runtime
+(`executorch.extension.llm.custom_ops`, which the engine imports).
+
 The program also carries the constant methods ExecuTorch's LLM runner reads
 (`get_max_seq_len`, `get_vocab_size`, `use_kv_cache`, `get_eos_ids`, ...), so gate can run
 a `.pte` it did not build.
 
-Run as `python -m gate.engines.executorch.export SOURCE OUT.pte RECIPE MAX_SEQ_LEN` (gate's
+Run as `python -m gate.engines.executorch.export SOURCE OUT.pte RECIPE MAX_SEQ_LEN [ATTENTION]` (gate's
 cache does, in a child process: an export takes minutes and gigabytes, and a crash there
 must not take gate with it). Prints one JSON line of facts about the export on success.
 """
@@ -35,13 +43,14 @@ from pathlib import Path
 from typing import Any
 
 RECIPES = ("fp32", "8da4w")
+ATTENTIONS = ("masked", "custom_sdpa")
 # 576, the default model's hidden size, is a multiple of 32 but not of 128.
 GROUP_SIZE = 32
 BACKEND = "XNNPACK"
 EXAMPLE_PREFILL = 4  # the example sequence length torch.export traces with (the dim stays dynamic)
 
 
-def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int) -> dict[str, Any]:
+def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int, attention: str = "masked") -> dict[str, Any]:
     """Export `source` (a Hugging Face folder) to the ExecuTorch program `out`; facts about it."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -50,10 +59,14 @@ def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int) -> dict[s
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
     from transformers import AutoModelForCausalLM
 
-    from gate.engines.executorch.kv_cache import StaticCacheDecoder
+    from gate.engines.executorch.kv_cache import CustomOpsDecoder, StaticCacheDecoder
 
     if recipe not in RECIPES:
         raise ValueError(f"recipe {recipe!r}: expected one of {', '.join(RECIPES)}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTIONS)}")
+    if attention == "custom_sdpa":
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama.*)
     started = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(
         str(source), dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
@@ -61,7 +74,8 @@ def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int) -> dict[s
     config = model.config
     if recipe == "8da4w":
         _quantize_8da4w(model)
-    wrapped = StaticCacheDecoder(model, max_seq_len).eval()
+    decoder = CustomOpsDecoder if attention == "custom_sdpa" else StaticCacheDecoder
+    wrapped = decoder(model, max_seq_len).eval()
     seq = torch.export.Dim("seq", min=1, max=max_seq_len)
     ids = torch.zeros((1, EXAMPLE_PREFILL), dtype=torch.long)
     pos = torch.arange(EXAMPLE_PREFILL, dtype=torch.long)
@@ -98,6 +112,7 @@ def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int) -> dict[s
     out.write_bytes(et_program.buffer)
     return {
         "recipe": recipe,
+        "attention": attention,
         "max_seq_len": max_seq_len,
         "vocab_size": int(config.vocab_size),
         "eos_ids": eos_ids,
@@ -153,11 +168,14 @@ def _delegation(edge: Any) -> dict[str, int]:
 def main(argv: list[str]) -> int:
     import orjson
 
-    if len(argv) != 4:
-        print("usage: python -m gate.engines.executorch.export SOURCE OUT.pte RECIPE MAX_SEQ_LEN", file=sys.stderr)
+    if len(argv) not in (4, 5):
+        print(
+            "usage: python -m gate.engines.executorch.export SOURCE OUT.pte RECIPE MAX_SEQ_LEN [ATTENTION]",
+            file=sys.stderr,
+        )
         return 2
     source, out, recipe, max_seq_len = Path(argv[0]), Path(argv[1]), argv[2], int(argv[3])
-    facts = export_pte(source, out, recipe, max_seq_len)
+    facts = export_pte(source, out, recipe, max_seq_len, argv[4] if len(argv) == 5 else "masked")
     sys.stdout.write(orjson.dumps(facts).decode() + "\n")
     return 0
 

