@@ -128,6 +128,7 @@ class MLXEngine(TokenizerMethods):
         self.source: Path | None = None
         self.folder = self._locate(model, opts["model_path"], dtype)
         self.manifest = read_mlx_manifest(self.folder)
+        self.model_path = str(self.source) if self.source is not None else None  # gate diagnose's reference
         try:
             self.config_overrides = _rope_overrides(self.folder) if opts["rope_from_config"] else {}
             result: Any = mlx_load(str(self.folder), model_config=dict(self.config_overrides), return_config=True)
