@@ -94,6 +94,23 @@ def module_outputs(source: Path, ids: list[int]) -> dict[str, np.ndarray]:
     return seen
 
 
+def reachability(
+    logged: list[tuple[int, tuple[int, ...], np.ndarray]], reference: dict[str, np.ndarray], tolerance: float
+) -> dict[str, tuple[bool, float | None, int | None]]:
+    """Each module -> (found, the closest logged tensor's relative L2 error, its instruction)."""
+    out: dict[str, tuple[bool, float | None, int | None]] = {}
+    for name, want in reference.items():
+        norm = float(np.linalg.norm(want)) or 1.0
+        best: tuple[float, int] | None = None
+        for instruction, _, values in logged:
+            if values.size == want.size:
+                err = float(np.linalg.norm(values - want)) / norm
+                if best is None or err < best[0]:
+                    best = (err, instruction)
+        out[name] = (best is not None and best[0] <= tolerance, *(best or (None, None)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pte", type=Path)
@@ -110,23 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     ids = (ids * (args.tokens // max(len(ids), 1) + 1))[: args.tokens]
     logged = logged_outputs(args.pte, ids, args.buffer_mb << 20)
     print(f"{args.pte}: {len(logged)} float tensors logged by {len({i for i, _, _ in logged})} instructions")
-    found = 0
-    reference = module_outputs(args.source, ids)
-    for name, want in reference.items():
-        norm = float(np.linalg.norm(want)) or 1.0
-        best: tuple[float, int, tuple[int, ...]] | None = None
-        for instruction, shape, values in logged:
-            if values.size == want.size:
-                err = float(np.linalg.norm(values - want)) / norm
-                if best is None or err < best[0]:
-                    best = (err, instruction, shape)
-        if best is not None and best[0] <= args.tolerance:
-            found += 1
-            print(f"{name}: found (instruction {best[1]}, shape {list(best[2])}, relative error {best[0]:.1e})")
+    found = reachability(logged, module_outputs(args.source, ids), args.tolerance)
+    for name, (hit, err, instruction) in found.items():
+        if hit:
+            print(f"{name}: found (instruction {instruction}, relative error {err:.1e})")
         else:
-            closest = f"closest relative error {best[0]:.1e}" if best else "no tensor of its size"
+            closest = f"closest relative error {err:.1e}" if err is not None else "no tensor of its size"
             print(f"{name}: not found ({closest})")
-    print(f"{found}/{len(reference)} module outputs found among the logged tensors")
+    print(f"{sum(hit for hit, _, _ in found.values())}/{len(found)} module outputs found among the logged tensors")
     return 0
 
 
