@@ -1,5 +1,5 @@
 """`gate diagnose --engine mlx` on the default model (SmolLM2-135M, 30 layers, MLX bf16 on
-CPU) at a position where the MLX engine leaves the oracle (a near tie of the pin's): the
+CPU) at a position where the MLX engine leaves the oracle (an exact tie of the pin's): the
 honest engine is located nowhere, and a planted bug (layer 9's MLP output times 1.5,
 tests/helpers/mlx_planted.py) at layer 9, mlp, from the engine's own activations."""
 
@@ -13,8 +13,9 @@ pytest.importorskip("mlx_lm")
 
 pytestmark = pytest.mark.slow
 
-# The MLX bf16 engine's first divergence from the committed pin on this prompt (forced decode).
-PROMPT, POSITION = "chat-haiku", 12
+# The MLX bf16 engine's first divergence from the committed pin on the first prompt that diverges
+# (forced decode): the oracle's exact tie of ids 198 and 2017; MLX takes 2017.
+PROMPT, POSITION = "code-numpy", 1
 AT = ["--prompt", PROMPT, "--position", str(POSITION), "--format", "json"]
 
 
