@@ -1,7 +1,7 @@
 """What ExecuTorch's own ETDump exposes of a program gate exported (scripts/executorch_etdump.py,
 on the tiny Llama): the embedding, each layer's input norm and residual stream, and the
-logits are among the tensors the runtime logs; the attention, the post-attention norm, the
-MLP and the final norm, computed inside XNNPACK delegate calls, are not. This is why
+logits are among the tensors the runtime logs; the attention, the post-attention norm and the
+MLP, computed inside XNNPACK delegate calls, are not (nor, in this tiny program, the final norm). This is why
 `gate diagnose` does not capture the executorch engine (docs/results/engine-executorch.md,
 "Diagnosis"); if a new ExecuTorch logs them, this test fails and the capture can be built."""
 
