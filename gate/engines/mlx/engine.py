@@ -24,7 +24,8 @@ Top-k lists: the float32 values of the step's logits (exact for bfloat16 logits)
 with a float64 subtraction (`gate.engines._logits`), as the llama.cpp and ONNX Runtime GenAI
 engines make them. Teacher-forced decode runs the same step function feeding the oracle's
 tokens, so on the engine's own tokens it reproduces `generate` bit for bit;
-`force_mode=prefill` computes the fed positions in one forward pass instead.
+`force_mode=prefill` computes the fed positions in one forward pass instead. `gate diagnose`
+reads the engine's own activations through either path (gate/engines/mlx/capture.py).
 
 Options (`--engine-opt key=value`): model_path, quantize (bits: 2, 3, 4, 5, 6, 8; 0 off; also
 spelled q_bits), q_group_size (32, 64, 128; default 64), dtype (bfloat16, float16, float32;
@@ -127,6 +128,7 @@ class MLXEngine(TokenizerMethods):
         self.source: Path | None = None
         self.folder = self._locate(model, opts["model_path"], dtype)
         self.manifest = read_mlx_manifest(self.folder)
+        self.model_path = str(self.source) if self.source is not None else None  # gate diagnose's reference
         try:
             self.config_overrides = _rope_overrides(self.folder) if opts["rope_from_config"] else {}
             result: Any = mlx_load(str(self.folder), model_config=dict(self.config_overrides), return_config=True)
@@ -247,6 +249,18 @@ class MLXEngine(TokenizerMethods):
             mode="decode",
             extra={"token_logits": raw, "pick_not_logit_argmax": odd},
         )
+
+    def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Any:
+        """`gate diagnose`'s capture through either path (gate.engines.mlx.capture)."""
+        from gate.engines.mlx.capture import capture_mlx
+
+        return capture_mlx(self, prompt_token_ids, context_token_ids, path)
+
+    def capture_activations(self, context_token_ids: Sequence[int], names: Sequence[str] | None = None) -> Any:
+        """The named activations of one forward over the context (a dump's content)."""
+        from gate.engines.mlx.capture import named_activations
+
+        return named_activations(self, context_token_ids, names)
 
     def close(self) -> None:
         self.model = None
