@@ -38,6 +38,7 @@ from gate.core.diagnosis.capture import Capture, capture_from_arrays, capture_to
 from gate.core.diagnosis.locate import HonestBand
 from gate.core.storage.files import gate_cache_dir
 from gate.models.listing import file_sha256
+from gate.version import __version__
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -84,13 +85,11 @@ def manifest(
     import torch
     import transformers
 
-    import gate
-
     files = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
     sources = {name: _source_sha256(name) for name in SOURCES}
     return {
         "gate_diagnose_cache": FORMAT,
-        "gate": gate.__version__,
+        "gate": __version__,
         "sources": sources,
         "model_files": files,
         "honest_dtype": honest_dtype,
