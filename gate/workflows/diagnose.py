@@ -161,15 +161,18 @@ def diagnose(
     timings: Timings | None = None,
 ) -> Diagnosis:
     """Capture the three engines on the target's path (and the other path) and locate. Named
-    activations are one capture, compared on the target's path only. The decode path is
-    captured from `decode_prompt`: a prefill over the context before its last token, then the
-    one decode step of the position (a note in the diagnosis says so)."""
+    activations are one capture, compared on the target's path only. An engine's decode path
+    is captured from `decode_prompt`: a prefill over the context before its last token, then
+    the one decode step of the position (a note in the diagnosis says so); named activations
+    are compared with every decode step of the reference's and the honest engine's."""
     findings = {}
     layer_count = 0
     clock = timings or Timings()
     named = isinstance(candidate, NamedActivations)
     for path in (target.path, other(target.path)) if both_paths and not named else (target.path,):
-        prompt_ids = decode_prompt(target) if path == DECODE else target.prompt_ids
+        # A dump or a plugin's activations hold every step of the engine's own decode loop:
+        # their band is the honest engine's decode path over every step too.
+        prompt_ids = decode_prompt(target) if path == DECODE and not named else target.prompt_ids
         with clock.phase("reference capture"):
             ref = reference(prompt_ids, target.context_ids, path)
         with clock.phase("honest capture"):
@@ -185,7 +188,7 @@ def diagnose(
         with clock.phase("comparison"):
             findings[path] = compare_path(ref, hon, cand, margin=margin)
         del ref, hon, cand  # a capture of a large model is large: one path at a time
-    if DECODE in findings and len(decode_prompt(target)) > len(target.prompt_ids):
+    if DECODE in findings and not named and len(decode_prompt(target)) > len(target.prompt_ids):
         notes = (*notes, decode_note(target))
     return Diagnosis(
         prompt_id=target.prompt_id,
