@@ -38,7 +38,7 @@ def test_every_engine_is_asked_for_that_decode_path_and_the_diagnosis_says_so(pa
 
     t = target((9, 8, 7), path)
     d = diagnose(t, capturer("candidate"), capturer("reference"), capturer("honest"))
-    context = PROMPT + (9, 8, 7)
+    context = (*PROMPT, 9, 8, 7)
     for who in ("candidate", "reference", "honest"):
         assert (who + " decode", (1, 2, 3, 4, 9, 8), context) in calls
         assert (who + " prefill", PROMPT, context) in calls
