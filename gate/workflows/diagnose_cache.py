@@ -36,8 +36,7 @@ import orjson
 
 from gate.core.diagnosis.capture import Capture, capture_from_arrays, capture_to_arrays
 from gate.core.diagnosis.locate import HonestBand
-from gate.core.storage.files import gate_cache_dir
-from gate.core.storage.files import file_sha256
+from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.version import __version__
 
 FORMAT = 1
