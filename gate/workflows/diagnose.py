@@ -334,13 +334,14 @@ def diagnose_candidate(
     from gate.workflows import diagnose_cache
 
     clock = timings or Timings()
-    paths = (target.path,) if isinstance(candidate, NamedActivations) else (target.path, other(target.path))
+    named = isinstance(candidate, NamedActivations)
+    paths = (target.path,) if named else (target.path, other(target.path))
     key = None
     if cache:
         with clock.phase("cache"):
-            key = diagnose_cache.manifest(
-                model_path, honest_dtype, target.prompt_ids, target.context_ids, sorted(paths)
-            )
+            stepped = target.prompt_ids if named else decode_prompt(target)
+            ids = (target.prompt_ids, target.context_ids)
+            key = diagnose_cache.manifest(model_path, honest_dtype, *ids, sorted(paths), stepped)
             kept = diagnose_cache.read(key) if key is not None else None
         if kept is not None:
             return diagnose(

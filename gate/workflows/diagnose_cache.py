@@ -75,9 +75,16 @@ class Entry:
 
 
 def manifest(
-    model_path: str, honest_dtype: str, prompt_ids: Sequence[int], context_ids: Sequence[int], paths: Sequence[str]
+    model_path: str,
+    honest_dtype: str,
+    prompt_ids: Sequence[int],
+    context_ids: Sequence[int],
+    paths: Sequence[str],
+    decode_prompt_ids: Sequence[int] | None = None,
 ) -> dict[str, Any] | None:
-    """The entry's inputs, or None when `model_path` is no local folder (nothing to hash)."""
+    """The entry's inputs, or None when `model_path` is no local folder (nothing to hash).
+    `decode_prompt_ids`: what the decode path prefills before its decode steps (the prompt
+    when not given: a step per context token after it)."""
     folder = Path(model_path)
     if not folder.is_dir():
         return None
@@ -95,6 +102,7 @@ def manifest(
         "prompt_ids": [int(i) for i in prompt_ids],
         "context_ids": [int(i) for i in context_ids],
         "paths": list(paths),
+        "decode_prompt_ids": [int(i) for i in (prompt_ids if decode_prompt_ids is None else decode_prompt_ids)],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "numpy": np.__version__,
@@ -122,6 +130,8 @@ def read(key: Mapping[str, Any], root: Path | None = None) -> Entry | None:
         with np.load(folder / REFERENCE, allow_pickle=False) as npz:
             reference = capture_from_arrays({k: npz[k] for k in npz.files})
         bands = {str(p): HonestBand.from_dict(b) for p, b in band["bands"].items()}
+        if set(bands) != set(key["paths"]) or any(b.path != p for p, b in bands.items()):
+            return None
         return Entry(reference, bands, dict(band["engines"]))
     except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
         return None

@@ -94,8 +94,8 @@ def test_an_entry_is_never_read_for_other_weights_even_put_in_their_place(
     from gate.engines.hf.engine import HFEngine
 
     diagnosed(HFEngine(str(a)), a)
-    key_a = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"])
-    key_b = diagnose_cache.manifest(str(b), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"])
+    key_a = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1])
+    key_b = diagnose_cache.manifest(str(b), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1])
     assert key_a is not None and key_b is not None and key_a != key_b
     assert diagnose_cache.read(key_a) is not None and diagnose_cache.read(key_b) is None
     # Model a's entry copied where model b's would lie: its manifest names a's files, so it is no entry of b's.
@@ -124,6 +124,7 @@ def test_any_change_of_an_input_is_another_entry(
         "prompt": diagnose_cache.manifest(str(folder), "bfloat16", PROMPT[:-1], CONTEXT, paths),
         "honest dtype": diagnose_cache.manifest(str(folder), "float16", PROMPT, CONTEXT, paths),
         "paths": diagnose_cache.manifest(str(folder), "bfloat16", PROMPT, CONTEXT, ["prefill"]),
+        "decode steps": diagnose_cache.manifest(str(folder), "bfloat16", PROMPT, CONTEXT, paths, CONTEXT[:-1]),
     }
     before = torch.get_num_threads()
     torch.set_num_threads(before + 1)
@@ -152,7 +153,7 @@ def test_an_unreadable_entry_is_a_miss_and_is_computed_again(
     monkeypatch.setenv("GATE_DIAGNOSE_CACHE_DIR", str(tmp_path))
     a = models[0]
     first = diagnosed(HFEngine(str(a)), a)
-    key = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"])
+    key = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1])
     assert key is not None
     (diagnose_cache.entry_dir(key) / diagnose_cache.REFERENCE).write_bytes(b"not an npz")
     again = diagnosed(HFEngine(str(a)), a)
