@@ -271,11 +271,11 @@ def reference_engines(
 
     clock = timings or Timings()
     with clock.phase("load reference and honest"):
-        ref = HFEngine(model_path, dtype="float32")
+        ref = HFEngine(model_path, tokenizer=False, dtype="float32")
     hon: HFEngine | None = None
     try:
         with clock.phase("load reference and honest"):
-            hon = HFEngine(model_path, dtype=honest_dtype)
+            hon = HFEngine(model_path, tokenizer=False, dtype=honest_dtype)
         yield ref, hon
     finally:
         ref.close()
