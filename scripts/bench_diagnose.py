@@ -14,7 +14,9 @@ comparison; "other" is what lies between them.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -77,28 +79,38 @@ def main() -> None:
     plain()  # warm
     base_s, base_peak, _ = measured(plain)
     base_cpu = cpu[-1]
-    timings = Timings()
-    diag_s, diag_peak, d = measured(
-        lambda: diagnose_engine(engine, target, engine.model_path, model=pin.model, timings=timings)
-    )
-    mib = 1 << 20
     print(f"model {DEFAULT_MODEL}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
     print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
-    diag_cpu = cpu[-1]
-    rows = (
-        ("plain forward (one prefill):", base_s, base_peak, base_cpu),
-        ("one diagnosis:", diag_s, diag_peak, diag_cpu),
-    )
-    for what, s, peak, c in rows:
-        print(f"{what:30s} {s * 1000:8.1f} ms, cpu {c * 1000:8.1f} ms, peak RSS {peak / mib:5.0f} MiB")
-    other = ("other", diag_s - sum(timings.seconds.values()), diag_cpu - sum(timings.cpu_seconds.values()))
-    for phase, s, c in [*((k, v, timings.cpu_seconds[k]) for k, v in timings.seconds.items()), other]:
-        print(f"  {phase + ':':28s} {s * 1000:8.1f} ms, cpu {c * 1000:8.1f} ms ({c / base_cpu:5.1f}x the plain cpu)")
-    ratios = (
-        f"time {diag_s / base_s:.1f}x, cpu time {diag_cpu / base_cpu:.1f}x, peak memory {diag_peak / base_peak:.2f}x"
-    )
-    print(f"ratio: {ratios}")
-    print(f"diagnosis: {d.summary}")
+    print(line("plain forward (one prefill):", base_s, base_cpu, base_peak))
+
+    def one(timings: Timings) -> Any:
+        return diagnose_engine(engine, target, engine.model_path, model=pin.model, timings=timings)
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        os.environ["GATE_DIAGNOSE_CACHE_DIR"] = cache_dir  # an empty cache: the first diagnosis fills it
+        for what in ("one diagnosis, cache empty:", "one diagnosis, cache kept:"):
+            timings = Timings()
+            diag_s, diag_peak, d = measured(functools.partial(one, timings))
+            diag_cpu = cpu[-1]
+            print(line(what, diag_s, diag_cpu, diag_peak))
+            spent = [(k, v, timings.cpu_seconds[k]) for k, v in timings.seconds.items()]
+            spent.append(
+                ("other", diag_s - sum(timings.seconds.values()), diag_cpu - sum(timings.cpu_seconds.values()))
+            )
+            for phase, s, c in spent:
+                print(
+                    f"  {phase + ':':28s} {s * 1000:8.1f} ms, cpu {c * 1000:8.1f} ms ({c / base_cpu:5.1f}x plain cpu)"
+                )
+            print(
+                f"  ratio: time {diag_s / base_s:.1f}x, cpu time {diag_cpu / base_cpu:.1f}x, "
+                f"peak memory {diag_peak / base_peak:.2f}x"
+            )
+            print(f"  diagnosis: {d.summary}")
+
+
+def line(what: str, seconds: float, cpu_seconds: float, peak: int) -> str:
+    mib = 1 << 20
+    return f"{what:30s} {seconds * 1000:8.1f} ms, cpu {cpu_seconds * 1000:8.1f} ms, peak RSS {peak / mib:5.0f} MiB"
 
 
 if __name__ == "__main__":

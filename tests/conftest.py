@@ -71,9 +71,12 @@ def qwen3_5_moe_path(tiny_models_dir: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Progress files of `gate run` go to a temp folder, never into the checkout."""
+    """Progress files of `gate run` and the diagnosis cache go to temp folders, never into the
+    checkout or the user's cache."""
     if "GATE_RUNS_DIR" not in os.environ:
         monkeypatch.setenv("GATE_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
+    if "GATE_DIAGNOSE_CACHE_DIR" not in os.environ:  # a diagnosis's reference and band, likewise
+        monkeypatch.setenv("GATE_DIAGNOSE_CACHE_DIR", str(tmp_path_factory.mktemp("diagnose-cache")))
 
 
 @pytest.fixture

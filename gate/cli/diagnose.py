@@ -39,63 +39,35 @@ def run_diagnose(*, request: DiagnoseRequest, report: options.ReportTarget) -> i
 
 
 def run_diagnose_activations(*, request: DiagnoseRequest, report: options.ReportTarget) -> int:
-    """`--emit-context FILE` (the context and modules an engine gate does not drive is to
-    dump) and `--candidate-activations FILE` (its dump, diagnosed like a built-in engine)."""
+    """`--emit-context FILE` and `--candidate-activations FILE` (gate.workflows.diagnose_request)."""
     import orjson
 
     from gate.cli.output import emit, refuse_overwrite, say, write_data
-    from gate.core.pins.pin import load_pin
-    from gate.errors import InputError
-    from gate.models.default import resolve_model_path
     from gate.reports import check_format
-    from gate.workflows.activations import check_dump, dump_candidate, dump_target, load_dump
-    from gate.workflows.activations import emit_context as context_of
-    from gate.workflows.diagnose import diagnose_candidate, target_given
+    from gate.workflows.diagnose_request import EmittedContext, diagnose_activations
 
-    emit_context, candidate_activations = request.emit_context, request.candidate_activations
-    prompt, position, path = request.prompt, request.position, request.path
-    fmt, output, force = report.fmt, report.output, report.force
-    if emit_context is not None and candidate_activations is not None:
-        raise InputError("--emit-context and --candidate-activations are two steps: one at a time")
-    flag = "--emit-context" if emit_context is not None else "--candidate-activations"
-    engine = request.engine
-    for given, name in (
-        (engine.engine, "--engine"),
-        (engine.engine_opts, "--engine-opt"),
-        (engine.model_path, "--model-path"),
-    ):
-        if given:
-            raise InputError(f"{name} goes with a candidate engine; {flag} needs none (reference: --reference-model)")
-    pin = load_pin(request.pin_model(), request.pins_dir)
-    weights = str(request.reference_model) if request.reference_model is not None else resolve_model_path(pin.model)
-    if emit_context is not None:
-        if prompt is None or position is None:
-            raise InputError("--emit-context needs --prompt and --position: the position whose context to run")
-        refuse_overwrite(force, (emit_context, "--emit-context"))
-        target = target_given(pin, prompt, position, path or "decode")
-        context = context_of(pin, target, weights)
-        write_data(orjson.dumps(context.to_dict(), option=orjson.OPT_INDENT_2) + b"\n", emit_context, force=force)
+    fmt = report.fmt
+
+    def claim_output() -> None:
+        nonlocal fmt
+        if request.emit_context is not None:
+            refuse_overwrite(report.force, (request.emit_context, "--emit-context"))
+        else:
+            fmt = check_format("Diagnosis", report.fmt)
+            inputs = (request.candidate_activations,)
+            refuse_overwrite(report.force, (report.output, "--output"), inputs=inputs)
+
+    out = diagnose_activations(request, claim_output=claim_output, say=say)
+    if isinstance(out, EmittedContext):
+        data = orjson.dumps(out.context.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
+        write_data(data, out.file, force=report.force)
         say(
-            f"{emit_context}: {len(target.context_ids)} context tokens and {len(context.modules)} module names to "
-            "dump (docs/reference/activation-dump.md)"
+            f"{out.file}: {len(out.target.context_ids)} context tokens and {len(out.context.modules)} module names "
+            "to dump (docs/reference/activation-dump.md)"
         )
         return 0
-    assert candidate_activations is not None
-    fmt = check_format("Diagnosis", fmt)
-    refuse_overwrite(force, (output, "--output"), inputs=(candidate_activations,))
-    arrays, meta = load_dump(candidate_activations)
-    where = str(candidate_activations)
-    target = dump_target(pin, meta, where, prompt=prompt, position=position, path=path)
-    check_dump(arrays, target, where)
-    say(f"diagnosing {where} at prompt {target.prompt_id} position {target.position} ({target.path} path)")
-    described = {"name": meta.get("engine", "activations dump"), "class": "dump", "file": where}
-    if "dtype" in meta:
-        described["dtype"] = meta["dtype"]
-    diagnosis = diagnose_candidate(
-        dump_candidate(arrays, where), described, target, weights, honest_dtype=request.honest_dtype, model=pin.model
-    )
-    emit(diagnosis, fmt, output, force=force, engine_ran=True)
-    return diagnosis.exit_code
+    emit(out, fmt, report.output, force=report.force, engine_ran=True)
+    return out.exit_code
 
 
 def diagnose_hint(

@@ -53,7 +53,7 @@ def emit_context(pin: Pin, target: Target, model_path: str) -> ActivationContext
     from gate.engines.hf.capture import capture_hf
     from gate.engines.hf.engine import HFEngine
 
-    ref = HFEngine(model_path, dtype="float32")
+    ref = HFEngine(model_path, tokenizer=False, dtype="float32")
     try:
         capture = capture_hf(ref, target.prompt_ids, target.context_ids, PREFILL)
     finally:

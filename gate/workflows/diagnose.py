@@ -2,8 +2,9 @@
 
 The context is the prompt plus the oracle's tokens before the position. It is fed to three
 engines through the path the divergence came from (a free-run or forced-decode position:
-the decode path, a prefill over the prompt then one token at a time through the KV cache;
-a position read from a prefill, `forced_mode` "prefill": one prefill over the context):
+the decode path, a prefill over the context before its last token, then that token through
+the KV cache, the decode step the position's token comes from; a position read from a
+prefill, `forced_mode` "prefill": one prefill over the context):
 - the reference, transformers in float32 on the same weights;
 - the honest engine, transformers in the candidate's working dtype (bfloat16), whose error
   against the reference at each point is that point's honest band;
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture
 from gate.core.diagnosis.dump import named_capture
-from gate.core.diagnosis.locate import compare_path
+from gate.core.diagnosis.locate import HonestBand, compare_path, honest_band
 from gate.core.diagnosis.metric import MARGIN, METRIC
 from gate.core.diagnosis.record import Diagnosis
 from gate.core.engine import CapturesActivations, CapturesPaths
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 GIVEN = "given"  # the source of a position named on the command line
 # (prompt ids, context ids, path) -> the capture
 Capturer = Callable[[Sequence[int], Sequence[int], str], Capture]
+# (prompt ids, context ids, path) -> the honest engine's capture, or its band already taken
+HonestSource = Callable[[Sequence[int], Sequence[int], str], Capture | HonestBand]
 
 
 @dataclass(slots=True)
@@ -127,11 +130,28 @@ def other(path: str) -> str:
     return PREFILL if path == DECODE else DECODE
 
 
+def decode_prompt(target: Target) -> tuple[int, ...]:
+    """What the decode path prefills: the context before the position's last token, so that
+    the one decode step captured is the step the position's token comes from (the step where
+    a decode-path bug shows), not a forward per oracle token (a bf16 decode step costs
+    nearly a whole prefill of the context on an AMX CPU: docs/results/diagnose-cost.md). At
+    position 0 the context is the prompt, and its token comes from the prefill."""
+    return target.context_ids[: max(len(target.prompt_ids), len(target.context_ids) - 1)]
+
+
+def decode_note(target: Target) -> str:
+    before = len(decode_prompt(target))
+    return (
+        f"the decode path: a prefill over the {before} context tokens before the position's last one, "
+        "then the decode step that reads it (the step the position's token comes from)"
+    )
+
+
 def diagnose(
     target: Target,
     candidate: Capturer | NamedActivations,
     reference: Capturer,
-    honest: Capturer,
+    honest: HonestSource,
     *,
     margin: float = MARGIN,
     both_paths: bool = True,
@@ -141,27 +161,35 @@ def diagnose(
     timings: Timings | None = None,
 ) -> Diagnosis:
     """Capture the three engines on the target's path (and the other path) and locate. Named
-    activations are one capture, compared on the target's path only."""
+    activations are one capture, compared on the target's path only. An engine's decode path
+    is captured from `decode_prompt`: a prefill over the context before its last token, then
+    the one decode step of the position (a note in the diagnosis says so); named activations
+    are compared with every decode step of the reference's and the honest engine's."""
     findings = {}
     layer_count = 0
     clock = timings or Timings()
     named = isinstance(candidate, NamedActivations)
     for path in (target.path, other(target.path)) if both_paths and not named else (target.path,):
+        # A dump or a plugin's activations hold every step of the engine's own decode loop:
+        # their band is the honest engine's decode path over every step too.
+        prompt_ids = decode_prompt(target) if path == DECODE and not named else target.prompt_ids
         with clock.phase("reference capture"):
-            ref = reference(target.prompt_ids, target.context_ids, path)
+            ref = reference(prompt_ids, target.context_ids, path)
         with clock.phase("honest capture"):
-            hon = honest(target.prompt_ids, target.context_ids, path)
+            hon = honest(prompt_ids, target.context_ids, path)
         with clock.phase("candidate capture"):
             if isinstance(candidate, NamedActivations):
                 names = [t.point.module for t in ref.tensors]
                 arrays = candidate.fetch(target.context_ids, names)
                 cand = named_capture(arrays, ref, candidate.where, error=candidate.error)
             else:
-                cand = candidate(target.prompt_ids, target.context_ids, path)
+                cand = candidate(prompt_ids, target.context_ids, path)
         layer_count = ref.layer_count
         with clock.phase("comparison"):
             findings[path] = compare_path(ref, hon, cand, margin=margin)
         del ref, hon, cand  # a capture of a large model is large: one path at a time
+    if DECODE in findings and not named and len(decode_prompt(target)) > len(target.prompt_ids):
+        notes = (*notes, decode_note(target))
     return Diagnosis(
         prompt_id=target.prompt_id,
         position=target.position,
@@ -243,11 +271,11 @@ def reference_engines(
 
     clock = timings or Timings()
     with clock.phase("load reference and honest"):
-        ref = HFEngine(model_path, dtype="float32")
+        ref = HFEngine(model_path, tokenizer=False, dtype="float32")
     hon: HFEngine | None = None
     try:
         with clock.phase("load reference and honest"):
-            hon = HFEngine(model_path, dtype=honest_dtype)
+            hon = HFEngine(model_path, tokenizer=False, dtype=honest_dtype)
         yield ref, hon
     finally:
         ref.close()
@@ -291,6 +319,7 @@ def diagnose_candidate(
     model: str = "",
     notes: Sequence[str] = (),
     timings: Timings | None = None,
+    cache: bool = True,
 ) -> Diagnosis:
     """Diagnose a candidate (a capture adapter, or named activations) at `target`, the
     reference and the band from `model_path`.
@@ -299,32 +328,71 @@ def diagnose_candidate(
     position's logits, and stands for both paths: float32's own decode path differs from its
     prefill by rounding far below the band's floor (4.6e-6 relative at worst on the default
     model against BAND_FLOOR's 3.9e-3; tests/workflows/test_diagnose_reference_once.py), while
-    its decode path costs a forward per context token."""
-    from gate.engines.hf.capture import capture_hf
+    its decode path costs a forward per context token. With `cache`, the reference and the
+    honest band are read from gate's cache when an earlier diagnosis computed them from the
+    same inputs (gate.workflows.diagnose_cache), and kept there when computed."""
+    from gate.workflows import diagnose_cache
 
     clock = timings or Timings()
+    named = isinstance(candidate, NamedActivations)
+    paths = (target.path,) if named else (target.path, other(target.path))
+    key = None
+    if cache:
+        with clock.phase("cache"):
+            stepped = target.prompt_ids if named else decode_prompt(target)
+            ids = (target.prompt_ids, target.context_ids)
+            key = diagnose_cache.manifest(model_path, honest_dtype, *ids, sorted(paths), stepped)
+            kept = diagnose_cache.read(key) if key is not None else None
+        if kept is not None:
+            return diagnose(
+                target,
+                candidate,
+                lambda p, c, path: _as_path(kept.reference, path),
+                lambda p, c, path: kept.bands[path],
+                margin=margin,
+                engines={"candidate": described, **kept.engines},
+                model=model,
+                notes=(*notes, "the reference and the honest band: from gate's cache (the same weights and context)"),
+                timings=clock,
+            )
+    from gate.engines.hf.capture import capture_hf
+
     once: dict[str, Capture] = {}
+    bands: dict[str, HonestBand] = {}
 
     def reference(prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
         if "capture" not in once:
             once["capture"] = capture_hf(ref, prompt_ids, context_ids, PREFILL, all_logits=True)
-        held = once["capture"]
-        return Capture(path, held.context_length, held.tensors, held.meta)
+        return _as_path(once["capture"], path)
+
+    def honest(prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> HonestBand:
+        # Every position's logits on the prefill path too, so lm_head's band covers every
+        # row a candidate may bring (a dump's lm_head has them all).
+        capture = capture_hf(hon, prompt_ids, context_ids, path, all_logits=path == PREFILL)
+        bands[path] = honest_band(reference(prompt_ids, context_ids, path), capture)
+        return bands[path]
 
     with reference_engines(model_path, honest_dtype=honest_dtype, timings=clock) as (ref, hon):
-        return diagnose(
+        engines = {"reference": _describe(ref), "honest": _describe(hon)}
+        out = diagnose(
             target,
             candidate,
             reference,
-            # Every position's logits on the prefill path too, so lm_head's band covers every
-            # row a candidate may bring (a dump's lm_head has them all).
-            lambda p, c, path: capture_hf(hon, p, c, path, all_logits=path == PREFILL),
+            honest,
             margin=margin,
-            engines={"candidate": described, "reference": _describe(ref), "honest": _describe(hon)},
+            engines={"candidate": described, **engines},
             model=model,
             notes=notes,
             timings=clock,
         )
+    if key is not None and "capture" in once and set(bands) == set(paths):
+        with clock.phase("cache"), suppress(OSError):  # a cache that cannot be written is no cache
+            diagnose_cache.write(key, diagnose_cache.Entry(once["capture"], bands, engines))
+    return out
+
+
+def _as_path(capture: Capture, path: str) -> Capture:
+    return Capture(path, capture.context_length, capture.tensors, capture.meta)
 
 
 def _describe(engine: Any) -> dict[str, Any]:

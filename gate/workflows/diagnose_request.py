@@ -1,21 +1,26 @@
 """`gate diagnose` as one request: the target found (named on the command line, or the
 first defect of a gate run first), the candidate loaded, and `gate.workflows.diagnose`
-run on it against the reference weights.
+run on it against the reference weights; or, for an engine gate does not drive, its context
+emitted and its dump of activations diagnosed (`diagnose_activations`).
 
 No printing: what the person should read goes to `say`, the progress to `display`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gate.core.diagnosis.dump import ActivationContext
 from gate.core.diagnosis.record import Diagnosis
 from gate.core.pins.pin import doctrine_for, load_pin
 from gate.errors import InputError
 from gate.workflows.diagnose import (
+    Target,
     capture_target,
     check_capturable,
+    diagnose_candidate,
     diagnose_engine,
     target_given,
     target_of_result,
@@ -84,3 +89,60 @@ def diagnose_request(
         return diagnose_engine(
             cand, target, str(weights), honest_dtype=request.honest_dtype, model=pin.model, notes=notes
         )
+
+
+@dataclass(frozen=True, slots=True)
+class EmittedContext:
+    """`--emit-context FILE`: the context and module names to write there (the caller writes)."""
+
+    file: Path
+    target: Target
+    context: ActivationContext
+
+
+def diagnose_activations(
+    request: DiagnoseRequest, *, claim_output: Callable[[], None] = lambda: None, say: Say = silent
+) -> EmittedContext | Diagnosis:
+    """`--emit-context FILE` (the context, and the modules an engine gate does not drive is
+    to dump) or `--candidate-activations FILE` (its dump, diagnosed like a built-in engine).
+    `claim_output` is called once the request is checked and before any work: the caller
+    refuses there a file it would write over."""
+    from gate.models.default import resolve_model_path
+    from gate.workflows.activations import check_dump, dump_candidate, dump_target, load_dump
+    from gate.workflows.activations import emit_context as context_of
+
+    emit_context, candidate_activations = request.emit_context, request.candidate_activations
+    prompt, position, path = request.prompt, request.position, request.path
+    if emit_context is not None and candidate_activations is not None:
+        raise InputError("--emit-context and --candidate-activations are two steps: one at a time")
+    flag = "--emit-context" if emit_context is not None else "--candidate-activations"
+    engine = request.engine
+    for given, name in (
+        (engine.engine, "--engine"),
+        (engine.engine_opts, "--engine-opt"),
+        (engine.model_path, "--model-path"),
+    ):
+        if given:
+            raise InputError(f"{name} goes with a candidate engine; {flag} needs none (reference: --reference-model)")
+    pin = load_pin(request.pin_model(), request.pins_dir)
+    weights = str(request.reference_model) if request.reference_model is not None else resolve_model_path(pin.model)
+    if emit_context is not None:
+        if prompt is None or position is None:
+            raise InputError("--emit-context needs --prompt and --position: the position whose context to run")
+        claim_output()
+        target = target_given(pin, prompt, position, path or "decode")
+        return EmittedContext(emit_context, target, context_of(pin, target, weights))
+    if candidate_activations is None:
+        raise InputError("--emit-context or --candidate-activations: neither was given")
+    claim_output()
+    arrays, meta = load_dump(candidate_activations)
+    where = str(candidate_activations)
+    target = dump_target(pin, meta, where, prompt=prompt, position=position, path=path)
+    check_dump(arrays, target, where)
+    say(f"diagnosing {where} at prompt {target.prompt_id} position {target.position} ({target.path} path)")
+    described = {"name": meta.get("engine", "activations dump"), "class": "dump", "file": where}
+    if "dtype" in meta:
+        described["dtype"] = meta["dtype"]
+    return diagnose_candidate(
+        dump_candidate(arrays, where), described, target, weights, honest_dtype=request.honest_dtype, model=pin.model
+    )

@@ -4,12 +4,71 @@ its honest band by more than the margin."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from gate.core.diagnosis.capture import Capture, Tensor, aligned
 from gate.core.diagnosis.metric import MARGIN, band, point_error, ratio
 from gate.core.diagnosis.record import LayerError, PathFinding
 
 
-def compare_path(reference: Capture, honest: Capture, candidate: Capture, *, margin: float = MARGIN) -> PathFinding:
+@dataclass(frozen=True, slots=True)
+class HonestPoint:
+    """What the locating needs of the honest engine at one point: the positions it holds and
+    its error there against the reference (the worst position's)."""
+
+    positions: tuple[int, ...]
+    error: float
+
+
+@dataclass(frozen=True, slots=True)
+class HonestBand:
+    """The honest engine's errors against the reference on one path, point by point (module
+    name -> HonestPoint): all of the honest capture that `compare_path` reads, small enough
+    to keep (gate.workflows.diagnose_cache)."""
+
+    path: str
+    points: Mapping[str, HonestPoint]
+
+    def to_dict(self) -> dict[str, Any]:
+        # JSON has no infinity: a non-finite error is written as the string "inf".
+        return {
+            "path": self.path,
+            "points": {
+                m: {"positions": list(p.positions), "error": p.error if math.isfinite(p.error) else "inf"}
+                for m, p in self.points.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HonestBand:
+        return cls(
+            str(data["path"]),
+            {
+                str(m): HonestPoint(tuple(int(i) for i in p["positions"]), float(p["error"]))
+                for m, p in data["points"].items()
+            },
+        )
+
+
+def honest_band(reference: Capture, honest: Capture) -> HonestBand:
+    """The honest engine's error at each reference point it has with the reference's width."""
+    by = honest.by_module()
+    points: dict[str, HonestPoint] = {}
+    for ref in reference.tensors:
+        hon = by.get(ref.point.module)
+        if hon is None or hon.values.shape[1] != ref.values.shape[1]:
+            continue
+        positions, r, h = aligned(ref, hon)
+        points[ref.point.module] = HonestPoint(hon.positions, point_error(positions, r, h).error)
+    return HonestBand(honest.path, points)
+
+
+def compare_path(
+    reference: Capture, honest: Capture | HonestBand, candidate: Capture, *, margin: float = MARGIN
+) -> PathFinding:
     """Each reference point that the candidate also has, in the reference's forward order.
 
     A point the honest engine lacks gets the band floor; a point the candidate lacks (a
@@ -21,7 +80,7 @@ def compare_path(reference: Capture, honest: Capture, candidate: Capture, *, mar
     """
     if not (reference.path == honest.path == candidate.path):
         raise ValueError(f"paths differ: {reference.path}, {honest.path}, {candidate.path}")
-    honest_by = honest.by_module()
+    honest_by = (honest if isinstance(honest, HonestBand) else honest_band(reference, honest)).points
     cand_by = candidate.by_module()
     rows: list[LayerError] = []
     missing: list[str] = []
@@ -33,19 +92,14 @@ def compare_path(reference: Capture, honest: Capture, candidate: Capture, *, mar
             missing.append(module)
             continue
         hon = honest_by.get(module)
-        if hon is not None and hon.values.shape[1] == ref.values.shape[1]:
+        if hon is not None:
             cand = within(cand, hon.positions)
         positions, r, c = aligned(ref, cand)
         if not positions:
             missing.append(module)
             continue
         err = point_error(positions, r, c)
-        if hon is not None and hon.values.shape[1] == ref.values.shape[1]:
-            hp, hr, hv = aligned(ref, hon)
-            honest_err = point_error(hp, hr, hv).error
-        else:
-            honest_err = 0.0
-        b = band(honest_err)
+        b = band(hon.error if hon is not None else 0.0)
         row = LayerError(
             layer=ref.point.layer,
             part=ref.point.part,

@@ -127,6 +127,10 @@ class HFEngine(TokenizerMethods):
     }
 
     def __init__(self, model: str, **options: Any) -> None:
+        # `tokenizer=False` (a bool, from Python; never an --engine-opt string): ids only, no
+        # tokenizer (gate diagnose's reference and honest engine are given ids, and loading
+        # the default model's tokenizer costs about two prefills of a short context).
+        tokenizer = options.pop("tokenizer") if isinstance(options.get("tokenizer"), bool) else True
         opts = parse_options(self.name, options, OPTIONS)
         dtype_name = str(opts["dtype"]).lower()
         if dtype_name not in DTYPES:
@@ -159,7 +163,7 @@ class HFEngine(TokenizerMethods):
             # transformers' way of saying "no such folder or repo, or not cached offline".
             raise InputError(f"cannot load model {model!r}: {exc}") from None
         self.model: Any = loaded.to(self.device).eval()
-        self.tokenizer = _load_tokenizer(self.model_path, kwargs)
+        self.tokenizer = _load_tokenizer(self.model_path, kwargs) if tokenizer else None
         self.stop_ids = _stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.vocab_size: int | None = getattr(self.model.config, "vocab_size", None)
         self.router_hooks = self._routing_hooks(opts)
