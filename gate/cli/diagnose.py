@@ -162,6 +162,15 @@ def register(app: typer.Typer) -> None:
                 help="Diagnose a safetensors dump of an engine's own activations over the emitted context.",
             ),
         ] = None,
+        every_decode_step: Annotated[
+            bool,
+            typer.Option(
+                "--every-decode-step",
+                help="Capture the decode path through a decode step per context token, as the engine's own loop "
+                "ran, not a prefill and the position's one step: slower; it sees a cache bug that shows only "
+                "from a later step.",
+            ),
+        ] = False,
     ) -> None:
         """Locate where a failure enters: the layer, the part and the path (exit 0 nothing located, 1 located)."""
         from gate.workflows.diagnose_request import DiagnoseRequest
@@ -178,5 +187,6 @@ def register(app: typer.Typer) -> None:
             pins_dir=pins_dir,
             emit_context=emit_context,
             candidate_activations=candidate_activations,
+            every_decode_step=every_decode_step,
         )
         raise typer.Exit(run_diagnose(request=request, report=options.ReportTarget(fmt.value, output, force)))

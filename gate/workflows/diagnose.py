@@ -130,12 +130,16 @@ def other(path: str) -> str:
     return PREFILL if path == DECODE else DECODE
 
 
-def decode_prompt(target: Target) -> tuple[int, ...]:
+def decode_prompt(target: Target, every_step: bool = False) -> tuple[int, ...]:
     """What the decode path prefills: the context before the position's last token, so that
     the one decode step captured is the step the position's token comes from (the step where
     a decode-path bug shows), not a forward per oracle token (a bf16 decode step costs
     nearly a whole prefill of the context on an AMX CPU: docs/results/diagnose-cost.md). At
-    position 0 the context is the prompt, and its token comes from the prefill."""
+    position 0 the context is the prompt, and its token comes from the prefill. With
+    `every_step` (`--every-decode-step`): the prompt, then a decode step per context token,
+    as the engine's own loop ran (slower; it sees a cache bug that shows from a later step)."""
+    if every_step:
+        return tuple(target.prompt_ids)
     return target.context_ids[: max(len(target.prompt_ids), len(target.context_ids) - 1)]
 
 
@@ -159,6 +163,7 @@ def diagnose(
     model: str = "",
     notes: Sequence[str] = (),
     timings: Timings | None = None,
+    every_step: bool = False,
 ) -> Diagnosis:
     """Capture the three engines on the target's path (and the other path) and locate. Named
     activations are one capture, compared on the target's path only. An engine's decode path
@@ -172,7 +177,7 @@ def diagnose(
     for path in (target.path, other(target.path)) if both_paths and not named else (target.path,):
         # A dump or a plugin's activations hold every step of the engine's own decode loop:
         # their band is the honest engine's decode path over every step too.
-        prompt_ids = decode_prompt(target) if path == DECODE and not named else target.prompt_ids
+        prompt_ids = decode_prompt(target, every_step) if path == DECODE and not named else target.prompt_ids
         with clock.phase("reference capture"):
             ref = reference(prompt_ids, target.context_ids, path)
         with clock.phase("honest capture"):
@@ -188,7 +193,7 @@ def diagnose(
         with clock.phase("comparison"):
             findings[path] = compare_path(ref, hon, cand, margin=margin)
         del ref, hon, cand  # a capture of a large model is large: one path at a time
-    if DECODE in findings and not named and len(decode_prompt(target)) > len(target.prompt_ids):
+    if DECODE in findings and not named and len(decode_prompt(target, every_step)) > len(target.prompt_ids):
         notes = (*notes, decode_note(target))
     return Diagnosis(
         prompt_id=target.prompt_id,
@@ -293,6 +298,7 @@ def diagnose_engine(
     model: str = "",
     notes: Sequence[str] = (),
     timings: Timings | None = None,
+    every_step: bool = False,
 ) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
     return diagnose_candidate(
@@ -305,6 +311,7 @@ def diagnose_engine(
         model=model,
         notes=notes,
         timings=timings,
+        every_step=every_step,
     )
 
 
@@ -320,6 +327,7 @@ def diagnose_candidate(
     notes: Sequence[str] = (),
     timings: Timings | None = None,
     cache: bool = True,
+    every_step: bool = False,
 ) -> Diagnosis:
     """Diagnose a candidate (a capture adapter, or named activations) at `target`, the
     reference and the band from `model_path`.
@@ -339,7 +347,7 @@ def diagnose_candidate(
     key = None
     if cache:
         with clock.phase("cache"):
-            stepped = target.prompt_ids if named else decode_prompt(target)
+            stepped = target.prompt_ids if named else decode_prompt(target, every_step)
             ids = (target.prompt_ids, target.context_ids)
             key = diagnose_cache.manifest(model_path, honest_dtype, *ids, sorted(paths), stepped)
             kept = diagnose_cache.read(key) if key is not None else None
@@ -354,6 +362,7 @@ def diagnose_candidate(
                 model=model,
                 notes=(*notes, "the reference and the honest band: from gate's cache (the same weights and context)"),
                 timings=clock,
+                every_step=every_step,
             )
     from gate.engines.hf.capture import capture_hf
 
@@ -384,6 +393,7 @@ def diagnose_candidate(
             model=model,
             notes=notes,
             timings=clock,
+            every_step=every_step,
         )
     if key is not None and "capture" in once and set(bands) == set(paths):
         with clock.phase("cache"), suppress(OSError):  # a cache that cannot be written is no cache

@@ -44,6 +44,7 @@ class DiagnoseRequest:
     pins_dir: Path | None = None
     emit_context: Path | None = None  # write the context an engine gate does not drive is to dump
     candidate_activations: Path | None = None  # that engine's dump, diagnosed
+    every_decode_step: bool = False  # the decode path through every step, not one after a prefill
 
     def pin_model(self) -> str:
         return self.model or default_model()
@@ -87,7 +88,13 @@ def diagnose_request(
         notes.extend(capture_notes)
         say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
         return diagnose_engine(
-            cand, target, str(weights), honest_dtype=request.honest_dtype, model=pin.model, notes=notes
+            cand,
+            target,
+            str(weights),
+            honest_dtype=request.honest_dtype,
+            model=pin.model,
+            notes=notes,
+            every_step=request.every_decode_step,
         )
 
 

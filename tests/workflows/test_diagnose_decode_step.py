@@ -46,3 +46,21 @@ def test_every_engine_is_asked_for_that_decode_path_and_the_diagnosis_says_so(pa
     assert any("a prefill over the 6 context tokens before the position's last one" in n for n in d.notes)
     position_zero = diagnose(target((), path), capturer("c"), capturer("r"), capturer("h"))
     assert not any("decode step" in n for n in position_zero.notes)
+
+
+def test_every_decode_step_asks_each_engine_for_its_whole_decode_loop() -> None:
+    """`--every-decode-step`: the prompt, then a step per context token, as the engine's own
+    loop ran (a cache bug that shows only from a later step is then in the capture)."""
+    calls: list[tuple[str, tuple[int, ...]]] = []
+
+    def capturer(who: str) -> Any:
+        def capture(p: Sequence[int], c: Sequence[int], pa: str) -> Capture:
+            calls.append((who + " " + pa, tuple(p)))
+            return Capture(pa, len(c), ())
+
+        return capture
+
+    assert decode_prompt(target((9, 8, 7)), every_step=True) == PROMPT
+    d = diagnose(target((9, 8, 7)), capturer("c"), capturer("r"), capturer("h"), every_step=True)
+    assert {p for who, p in calls if who.endswith("decode")} == {PROMPT}
+    assert not any("decode step that reads it" in n for n in d.notes)
