@@ -207,13 +207,25 @@ def run_one(name: str, out: Path) -> int:
         if rc != 0:
             return rc
         pin_trace = read_trace(folder / "pin.jsonl", role="oracle")
-        # The re-recorded pin seen as a candidate of the committed one (free run only).
+        # The re-recorded pin seen as a candidate of the committed one: its free run, and every
+        # prompt that diverged from the committed pin teacher-forced by vLLM under the same
+        # environment (AVX2) with its top-k at each forced position, as `gate run` records a
+        # candidate: the coverage the distribution verdict's floor needs.
         h = pin_trace.header
-        cand = Trace(
+        free = Trace(
             header=TraceHeader(role="candidate", model=h.model, top_k=h.top_k, engine=dict(h.engine), extra={}),
             records=pin_trace.records,
             path=str(folder / "pin.jsonl"),
         )
+        committed = load_pin(MODEL)
+        opts = {k: str(x) for k, x in committed.settings.engine_kwargs().items() if k != "record_logits"}
+        engine = load_engine("vllm", MODEL, opts)
+        try:
+            cand, forced = force_diverged(engine, committed, free)
+            meta["engine"] = engine.info()
+        finally:
+            engine.close()
+        meta["forced_prompts"] = list(forced)
         meta["pins"] = None
         meta["seconds"] = round(time.time() - t0, 1)
         write_trace(out / f"{v.name}.jsonl", cand, overwrite=True)

@@ -113,6 +113,21 @@ def _distribution_clause(result: GateResult) -> str:
             f"the distribution is NOT JUDGED, which under the pin's floor is not a pass (rule {RULE_NOT_JUDGED}: "
             f"{printable(d.not_judged_reason or '')})"
         )
+    if d.disagrees and d.free_forced is not None:
+        from gate.core.verdict.free_forced import RULE_FREE_FORCED
+
+        own = (
+            f"the candidate's free run and forced decode disagree beyond the honest floor (rule {RULE_FREE_FORCED}: "
+            + "; ".join(_short(x) for x in d.free_forced.beyond_figures)
+            + ")"
+        )
+        if d.beyond:
+            return (
+                "the distribution is beyond the honest floor ("
+                + "; ".join(_short(x) for x in d.beyond_figures)
+                + f"), and {own}"
+            )
+        return own
     if d.beyond:
         return "the distribution is beyond the honest floor (" + "; ".join(_short(x) for x in d.beyond_figures) + ")"
     if d.judged:
