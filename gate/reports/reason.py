@@ -6,7 +6,7 @@ true of what the verdict decided: which rule or which floor, by how much, where.
 
     FAIL: 4 defects (rule oracle_gap_beyond ×3, not_in_top_k ×1; largest gap 812.4 mnats at
     prompt 'num-squares' position 12), and the distribution is beyond the honest floor
-    (mean KL 3.480 mnats > 2.610)
+    (mean KL 3.480 mnats > 2.088)
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def no_floor_words(result: GateResult) -> str:
 
 
 def _short(figure: str) -> str:
-    """`mean KL 3.480 mnats > 2.610 (honest floor 1.74 x margin 1.5)` without its provenance
+    """`mean KL 3.480 mnats > 2.088 (honest floor 1.74 x margin 1.2)` without its provenance
     (which the details section carries)."""
     return figure.split(" (", 1)[0]
 
