@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from helpers.evidence_cuts import CUTS, apply_cuts
+from helpers.free_forced_traces import floor_between, two_minded
 from helpers.generated_traces import DOCTRINES, build
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,53 +21,9 @@ from gate.core.traces.trace import Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.distribution import RULE_NOT_JUDGED
 from gate.core.verdict.doctrine import Doctrine
-from gate.core.verdict.floor import Floor
 from gate.core.verdict.free_forced import RULE_FREE_FORCED, self_kl_mnats
 from gate.errors import InputError
 from gate.reports.reason import reason
-
-
-def _tempered(top: Any, scale: float) -> list[list[Any]]:
-    """The list at another temperature (logprobs x scale, renormalised over the list): the
-    same order, so the same greedy choice, another distribution."""
-    lps = [float(lp) * scale for _, lp in top]
-    m = max(lps)
-    lse = m + math.log(math.fsum(math.exp(x - m) for x in lps))
-    return [[int(t), x - lse] for (t, _), x in zip(top, lps, strict=True)]
-
-
-def two_minded(seed: int = 3, spread: float = 0.25) -> tuple[Trace, Trace]:
-    """An oracle, and a candidate with the oracle's tokens whose free run is the oracle's
-    lists colder and whose forced decode is them warmer (every prompt forced): each close to
-    the oracle, further from each other."""
-    oracle, _ = build(seed=seed, noise=0.0)
-    recs = []
-    for o in oracle.records:
-        tops = o.top_logprobs or ()
-        recs.append(
-            replace(
-                o,
-                top_logprobs=[_tempered(t, 1.0 + spread) for t in tops],
-                forced_token_ids=o.token_ids,
-                extra={
-                    **o.extra,
-                    "forced_top_logprobs": [_tempered(t, 1.0 - spread) for t in tops],
-                    "forced_mode": "prefill",
-                },
-            )
-        )
-    return oracle, Trace(replace(oracle.header, role="candidate"), tuple(recs), "candidate.jsonl")
-
-
-def floor_between(oracle: Trace, cand: Trace) -> Doctrine:
-    """A floor the two lists each pass against the oracle (20% above the worse of them),
-    with margin 1: what is left to fail the run is its disagreement with itself."""
-    loose = compare(oracle, cand, Doctrine(floor=Floor(1e4, 1e5, 0.01, 1.0, "measuring"))).distribution
-    assert loose is not None
-    f = loose.overall
-    assert f.kl_mean_mnats is not None and f.kl_p99_mnats is not None and f.same_top_rate is not None
-    floor = Floor(1.2 * f.kl_mean_mnats, 1.2 * f.kl_p99_mnats, 0.5, 1.0, "between")
-    return Doctrine(floor=floor)
 
 
 def test_free_run_and_forced_decode_that_disagree_fail_by_their_own_rule() -> None:
