@@ -27,6 +27,8 @@ complete (`Coverage.complete`) and which has at least `MIN_POSITIONS` measured p
 judged: a mean KL, p99 KL or same-top miss rate beyond the floor's by its margin is beyond
 honest drift, and the verdict is fail. A run with a floor whose coverage is incomplete is not
 judged, and that is a fail too (`RULE_NOT_JUDGED`): less evidence is never a laxer verdict.
+Where a judged run's own free-run and forced lists on one context disagree beyond the same
+limits, it fails by its own rule (`gate.core.verdict.free_forced`, `RULE_FREE_FORCED`).
 Pure: no I/O, no torch.
 """
 
