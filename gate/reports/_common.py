@@ -218,6 +218,8 @@ def verdict_line(result: GateResult) -> str:
         note += ": numerics beyond honest drift, the distribution verdict"
     elif result.distribution is not None and result.distribution.insufficient:
         note += ": the distribution verdict could not judge what the candidate reported"
+    elif result.distribution is not None and result.distribution.disagrees:
+        note += ": the candidate's free run and forced decode disagree beyond honest drift"
     return f"verdict: {VERDICT_LABELS.get(v, v)} (exit {result.exit_code}{note})"
 
 

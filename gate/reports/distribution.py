@@ -19,6 +19,7 @@ from gate.core.verdict.distribution import (
     Figures,
     RunDistribution,
 )
+from gate.core.verdict.free_forced import FREE_FORCED_WHY, RULE_FREE_FORCED
 from gate.core.verdict.result import GateResult
 from gate.reports.reason import no_floor_words
 
@@ -95,9 +96,20 @@ def floor_line(d: RunDistribution, result: GateResult | None = None) -> tuple[st
     if not d.judged:
         return (f"distribution verdict: not judged — {own} (limits: {limits})", PLAIN)
     if d.beyond:
+        also = (
+            f"; and {'; '.join(d.free_forced.beyond_figures)} (rule {RULE_FREE_FORCED})"
+            if d.disagrees and d.free_forced is not None
+            else ""
+        )
         return (
-            f"distribution verdict: BEYOND THE HONEST FLOOR — {'; '.join(d.beyond_figures)}: {BEYOND_WHY}. "
+            f"distribution verdict: BEYOND THE HONEST FLOOR — {'; '.join(d.beyond_figures)}: {BEYOND_WHY}{also}. "
             "Not a pass (exit 1), whatever the token flips say",
+            LOUD,
+        )
+    if d.disagrees and d.free_forced is not None:
+        return (
+            f"distribution verdict: FREE RUN AND FORCED DECODE DISAGREE — {'; '.join(d.free_forced.beyond_figures)}: "
+            f"{FREE_FORCED_WHY}. Not a pass (exit 1, rule {RULE_FREE_FORCED})",
             LOUD,
         )
     return (f"distribution verdict: within the honest floor ({limits})", QUIET)
@@ -133,7 +145,25 @@ def distribution_summary_lines(result: GateResult) -> list[tuple[str, str]]:
     verdict = floor_line(d, result)
     if d.overall.positions == 0:
         return [verdict, ("no top-k from the candidate at positions sharing the oracle's context", QUIET)]
-    return [verdict, (figures_line(d), QUIET)]
+    own = free_forced_line(d)
+    return [verdict, (figures_line(d), QUIET), *([(own, QUIET)] if own else [])]
+
+
+def free_forced_line(d: RunDistribution) -> str:
+    """The candidate's free-run lists against its forced ones where both saw one context
+    (empty: no such position)."""
+    ff = d.free_forced
+    if ff is None or not ff.positions:
+        return ""
+    mean = f"mean KL {_n(ff.kl_mean_mnats)} mnats"
+    p99 = f"p99 KL {_n(ff.kl_p99_mnats)} mnats"
+    if d.floor is not None:
+        mean += f" (limit {d.floor.kl_mean_limit:.3f})"
+        p99 += f" (limit {d.floor.kl_p99_limit:.3f})"
+    return (
+        f"free run vs forced decode (the candidate against itself): {mean}, {p99}, max {_n(ff.kl_max_mnats)} "
+        f"mnats; {ff.positions} positions in {ff.prompts} prompts where it reported both"
+    )
 
 
 def distribution_detail_lines(result: GateResult) -> list[tuple[str, str]]:
@@ -204,7 +234,7 @@ def junit_distribution_case(result: GateResult, suites: Any, suite: Any, classna
     import xml.etree.ElementTree as ET
 
     d = result.distribution
-    if d is None or not (d.beyond or d.insufficient):
+    if d is None or not (d.beyond or d.insufficient or d.disagrees):
         return
     verdict, _ = floor_line(d, result)
     case = ET.SubElement(suite, "testcase", classname=classname, name="distribution", time="0")

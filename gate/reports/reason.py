@@ -6,7 +6,7 @@ true of what the verdict decided: which rule or which floor, by how much, where.
 
     FAIL: 4 defects (rule oracle_gap_beyond ×3, not_in_top_k ×1; largest gap 812.4 mnats at
     prompt 'num-squares' position 12), and the distribution is beyond the honest floor
-    (mean KL 3.480 mnats > 2.610)
+    (mean KL 3.480 mnats > 2.088)
 """
 
 from __future__ import annotations
@@ -113,6 +113,21 @@ def _distribution_clause(result: GateResult) -> str:
             f"the distribution is NOT JUDGED, which under the pin's floor is not a pass (rule {RULE_NOT_JUDGED}: "
             f"{printable(d.not_judged_reason or '')})"
         )
+    if d.disagrees and d.free_forced is not None:
+        from gate.core.verdict.free_forced import RULE_FREE_FORCED
+
+        own = (
+            f"the candidate's free run and forced decode disagree beyond the honest floor (rule {RULE_FREE_FORCED}: "
+            + "; ".join(_short(x) for x in d.free_forced.beyond_figures)
+            + ")"
+        )
+        if d.beyond:
+            return (
+                "the distribution is beyond the honest floor ("
+                + "; ".join(_short(x) for x in d.beyond_figures)
+                + f"), and {own}"
+            )
+        return own
     if d.beyond:
         return "the distribution is beyond the honest floor (" + "; ".join(_short(x) for x in d.beyond_figures) + ")"
     if d.judged:
@@ -132,7 +147,7 @@ def no_floor_words(result: GateResult) -> str:
 
 
 def _short(figure: str) -> str:
-    """`mean KL 3.480 mnats > 2.610 (honest floor 1.74 x margin 1.5)` without its provenance
+    """`mean KL 3.480 mnats > 2.088 (honest floor 1.74 x margin 1.2)` without its provenance
     (which the details section carries)."""
     return figure.split(" (", 1)[0]
 

@@ -25,7 +25,9 @@ from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.floor import Floor
 from gate.workflows.engine_calls import engine_call, force_along, generate
 
-# The factor a run may exceed the honest floor by (the doctrine study's margin: docs/reference/doctrine.md).
+# The factor a run may exceed a floor measured here by. Wider than the default pin's 1.2
+# (docs/studies/doctrine-study.md: 12 honest variants on three machine kinds): two re-runs on
+# one machine see less of the honest spread (docs/reference/doctrine.md).
 DEFAULT_MARGIN = 1.5
 
 

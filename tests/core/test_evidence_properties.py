@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gate.core.verdict.chain import classify, position_evidence
@@ -107,6 +107,9 @@ def test_monotone_in_each_limit(
 @given(
     u_o=steps, u_c=st.one_of(st.none(), margins), logit=logits, ulps=st.one_of(st.none(), limits), o=limits, c=limits
 )
+# The own margin's float32 slack was taken at the list's largest magnitude (an entry at -9),
+# not at the two logprobs the margin is between: a margin of 1e-6 units passed a limit of 0.
+@example(u_o=5 / 8, u_c=1e-06, logit=3.0, ulps=None, o=1.0, c=0.0)
 def test_never_ratifies_beyond_its_bounds(
     u_o: float, u_c: float | None, logit: float, ulps: float | None, o: float, c: float
 ) -> None:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from gate.core.traces.trace import TopList
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine, Evidence
-from gate.core.verdict.evidence import RunDrift, candidate_margin
+from gate.core.verdict.evidence import RunDrift, candidate_margin, lp_map
 from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, Divergence
 from gate.core.verdict.rules import (
@@ -231,8 +231,11 @@ def _own_margin_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
     at = _evidence_at(ev, doctrine)
     if at is None:
         return False
-    own = [float(lp) for _, lp in ev.candidate_top or ()]
-    slack = logprob_slack(*own) if own else 0.0
+    # One float32 rounding of the two logprobs the margin is taken between (not of the
+    # list's largest: a far-down entry at -9 would allow 16x the slack of two at -0.5).
+    own = lp_map(ev.candidate_top or ())
+    pair = [own[t] for t in (ev.candidate_token, ev.oracle_token) if t in own]
+    slack = logprob_slack(*pair) if pair else 0.0
     return at.margin_units * at.unit > at.rule.candidate_ulps * at.unit + slack
 
 

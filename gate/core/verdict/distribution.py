@@ -27,6 +27,8 @@ complete (`Coverage.complete`) and which has at least `MIN_POSITIONS` measured p
 judged: a mean KL, p99 KL or same-top miss rate beyond the floor's by its margin is beyond
 honest drift, and the verdict is fail. A run with a floor whose coverage is incomplete is not
 judged, and that is a fail too (`RULE_NOT_JUDGED`): less evidence is never a laxer verdict.
+Where a judged run's own free-run and forced lists on one context disagree beyond the same
+limits, it fails by its own rule (`gate.core.verdict.free_forced`, `RULE_FREE_FORCED`).
 Pure: no I/O, no torch.
 """
 
@@ -41,6 +43,9 @@ from gate.core.traces.trace import Trace
 from gate.core.verdict.coverage import Coverage, context_lists, coverage_of, needed
 from gate.core.verdict.evidence import lp_map
 from gate.core.verdict.floor import Floor
+from gate.core.verdict.free_forced import FreeForced, free_forced_of
+from gate.core.verdict.kl import canonical, kl_mnats
+from gate.core.verdict.kl import kl_common_mnats as kl_common_mnats  # re-exported
 from gate.core.verdict.own_lists import CandidateEvidence, OwnLists, candidate_evidence
 
 # Fewer measured positions than this and the distribution is shown but not judged.
@@ -69,65 +74,6 @@ class Point:
     same_top: bool
     dp_pct: float | None
     support: int
-
-
-def kl_common_mnats(oracle_top: Sequence[Sequence[Any]], candidate_top: Sequence[Sequence[Any]]) -> tuple[float, int]:
-    """KL(oracle || candidate) over the tokens both lists carry, each side renormalised over
-    them, in mnats; with the support's size (0: nothing in common, KL 0)."""
-    o, c = lp_map(oracle_top), lp_map(candidate_top)
-    common = [t for t in o if t in c]
-    if not common:
-        return 0.0, 0
-    on = _normalised({t: o[t] for t in common})
-    cn = _normalised({t: c[t] for t in common})
-    kl = math.fsum(math.exp(on[t]) * (on[t] - cn[t]) for t in common)
-    return 1000.0 * max(kl, 0.0), len(common)
-
-
-def _normalised(values: Mapping[int, float]) -> dict[int, float]:
-    """Each logprob less the values' log-sum-exp, taken relative to their maximum: at a huge
-    magnitude (-3.4e38, a masked logit) `m + log(k)` rounds to m, and every token would read
-    as probability 1."""
-    m = max(values.values())
-    log_mass = math.log(math.fsum(math.exp(v - m) for v in values.values()))
-    return {t: (v - m) - log_mass for t, v in values.items()}
-
-
-def canonical(top: Sequence[Sequence[Any]], keep: int) -> dict[int, float]:
-    """The list's first `keep` entries in the spec's order (logprob descending, then id):
-    what it says its top `keep` are. Entries past them are not measured, so dropping them
-    changes nothing."""
-    pairs = sorted(((int(t), float(lp)) for t, lp in top), key=lambda p: (-p[1], p[0]))
-    return dict(pairs[:keep])
-
-
-def kl_mnats(oracle_top: Sequence[Sequence[Any]], cand: Mapping[int, float]) -> tuple[float, int]:
-    """KL(oracle || candidate) over the oracle's list, both sides renormalised over it, in
-    mnats, with the size of the common support.
-
-    An oracle token the candidate's list `cand` (its top entries, `canonical`) lacks has at
-    most the list's smallest logprob b (the list is its top k); and it may be a token the
-    candidate moved into the slot of one the oracle does not list. So each such token is
-    charged at b or at the largest logprob the list gives a token the oracle does not list,
-    whichever makes the KL larger: replacing a listed oracle token by an unlisted one at the
-    same logprob can then only raise the KL (the configuration before is one of those
-    charged after). The KL is quasi-convex in each charged value, so its maximum over those
-    choices is at their ends, and for k tokens at the top end at the k the oracle gives the
-    least mass: k = 0 .. |absent| covers it. An empty `cand` is not measured (0, 0)."""
-    if not cand:
-        return 0.0, 0
-    o = _normalised(lp_map(oracle_top))
-    share = {t: math.exp(lp) for t, lp in o.items()}
-    bound = min(cand.values())
-    top = max((lp for t, lp in cand.items() if t not in o), default=bound)
-    absent = sorted((t for t in o if t not in cand), key=lambda t: (share[t], t))
-    best = -math.inf
-    for k in range(len(absent) + 1 if top > bound else 1):
-        high = set(absent[:k])
-        q = _normalised({t: cand.get(t, top if t in high else bound) for t in o})
-        kl = math.fsum(share[t] * (o[t] - q[t]) for t in o)
-        best = max(best, kl)
-    return 1000.0 * max(best, 0.0), len(o) - len(absent)
 
 
 def same_top(oracle_token: int, cand: Mapping[int, float], oracle_ids: Collection[int]) -> bool:
@@ -321,6 +267,8 @@ class RunDistribution:
     beyond_figures: tuple[str, ...] = ()
     # What the candidate reported against what the floor was measured with (None: not checked).
     coverage: Coverage | None = None
+    # Its own free-run lists against its forced ones where both saw one context (None: not measured).
+    free_forced: FreeForced | None = None
 
     @property
     def complete(self) -> bool:
@@ -350,6 +298,12 @@ class RunDistribution:
     def beyond(self) -> bool:
         return self.judged and bool(self.beyond_figures)
 
+    @property
+    def disagrees(self) -> bool:
+        """Judged, and the candidate's free-run and forced lists disagree beyond the floor
+        (`gate.core.verdict.free_forced`): not a pass, by its own rule."""
+        return self.judged and self.free_forced is not None and bool(self.free_forced.beyond_figures)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.overall.to_dict(),
@@ -365,6 +319,8 @@ class RunDistribution:
             "coverage": self.coverage.to_dict() if self.coverage is not None else None,
             "not_judged_reason": None if self.judged else self.not_judged_reason,
             "rule": RULE_NOT_JUDGED if self.insufficient else None,
+            # Addition: the candidate's free-run lists against its forced ones (rule RULE_FREE_FORCED).
+            "free_forced": self.free_forced.to_dict(self.floor, self.judged) if self.free_forced is not None else None,
             "kl": "KL(oracle || candidate) over both lists, an oracle token the candidate lacks at its smallest "
             "listed probability",
         }
@@ -420,4 +376,5 @@ def measure_distribution(
         floor=floor,
         beyond_figures=beyond,
         coverage=run_coverage(oracle, candidate, own),
+        free_forced=free_forced_of(oracle, candidate, own, floor),
     )

@@ -208,6 +208,8 @@ class GateResult:
             return FAIL  # numerics beyond honest drift: not the reference model, flips or not
         if self.distribution is not None and self.distribution.insufficient:
             return FAIL  # a floor the candidate reported too little to be judged by: never a silent pass
+        if self.distribution is not None and self.distribution.disagrees:
+            return FAIL  # its free run and its forced decode disagree beyond honest drift
         if all(p.strict for p in self.prompts):
             return STRICT_PASS
         if all(p.ratified for p in self.prompts):
