@@ -145,6 +145,7 @@ class MLXEngine(TokenizerMethods):
         self.dtype = _model_dtype(loaded)
         self._cache: list[Any] | None = None  # prefix_cache: the previous sequence's KV cache
         self._cached: list[int] = []  # ... and the tokens it holds
+        self._reused = (0, 0)  # (prompts prefilled from the cache, tokens taken from it)
 
     def _locate(self, model: str, model_path: str | None, dtype: str | None) -> Path:
         """The folder to load: `model_path`, the model (the default's materialised folder, or a
@@ -248,6 +249,10 @@ class MLXEngine(TokenizerMethods):
             extra={"token_logits": raw, "pick_not_logit_argmax": odd},
         )
 
+    def prefix_reuse(self) -> tuple[int, int]:
+        """`ReportsPrefixReuse`: (prompts prefilled from a cached prefix, tokens taken from it)."""
+        return self._reused
+
     def close(self) -> None:
         self.model = None
         self._cache = None
@@ -320,6 +325,7 @@ class MLXEngine(TokenizerMethods):
         if shared == 0 or not can_trim_prompt_cache(cache):
             return make_prompt_cache(self.model), 0
         trim_prompt_cache(cache, len(self._cached) - shared)
+        self._reused = (self._reused[0] + 1, self._reused[1] + shared)
         return cache, shared
 
     def _keep(self, cache: list[Any], tokens: Sequence[int]) -> None:

@@ -164,6 +164,7 @@ class VLLMEngine(TokenizerMethods):
         "chunked_prefill": "max_num_batched_tokens",
         "force_mode": "force_mode",
         "prefix_cache": "enable_prefix_caching",
+        "cache_block": "block_size",
     }
     # The worker extension `_start` installs when it records routing (gate diagnose's capture
     # swaps in its own, an extension of this one), and the sampling params' key of a forced
@@ -280,6 +281,11 @@ class VLLMEngine(TokenizerMethods):
 
     def close(self) -> None:
         self._shutdown()
+
+    def prefix_reuse(self) -> tuple[int, int]:
+        """(requests served with a cached prefix, prompt tokens taken from the cache), from
+        vLLM's own `num_cached_tokens` (`gate.core.engine.ReportsPrefixReuse`)."""
+        return self.prefix_hits, self.reused_tokens
 
     # ------------------------------------------------------------------ the contract
 
