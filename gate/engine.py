@@ -20,6 +20,7 @@ from gate.core.engine import (
     KeepsRequestsInFlight,
     PromptInput,
     ReplaysRouting,
+    ReportsPrefixReuse,
     parse_options,
 )
 from gate.core.traces.trace import PromptRecord
@@ -40,5 +41,6 @@ __all__ = [
     "PromptInput",
     "PromptRecord",
     "ReplaysRouting",
+    "ReportsPrefixReuse",
     "parse_options",
 ]

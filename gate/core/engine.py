@@ -60,6 +60,7 @@ SCHEDULE_KNOBS: Final[Mapping[str, str]] = {
     "concurrency": "requests a client keeps in flight at once to a server",
     "force_mode": "how force computes fed positions: decode (a step per token) or prefill (one pass over them)",
     "prefix_cache": "a prompt prefix cached by an earlier request is reused (1) or computed again (0)",
+    "cache_block": "tokens per block of the prefix cache (a prefix is reused in whole blocks only)",
 }
 
 
@@ -164,6 +165,14 @@ class HasScheduleKnobs(Protocol):
     `--engine-opt` key that sets it. A class attribute: checked on the class, unloaded."""
 
     schedule_knobs: ClassVar[Mapping[str, str]]
+
+
+@runtime_checkable
+class ReportsPrefixReuse(Protocol):
+    """An engine that counts what its prefix cache served: (requests served with a cached
+    prefix, prompt tokens taken from the cache), both since the engine was built."""
+
+    def prefix_reuse(self) -> tuple[int, int]: ...
 
 
 @runtime_checkable

@@ -128,6 +128,8 @@ def invariance_renderable(result: InvarianceResult) -> RenderableType:
             )
         if cell.drift is not None and cell.drift.beyond:
             notes.append(printable(f"{cell.schedule.cell}: {cell.drift.line()}: beyond the doctrine\n"))
+        if cell.reuse_note is not None:
+            notes.append(printable(f"{cell.schedule.cell}: {cell.reuse_note}\n"))
     for note in result.notes:
         notes.append(printable(f"note: {note}\n"))
     style = _STYLE[result.verdict]
@@ -168,6 +170,7 @@ def render_invariance_markdown(result: InvarianceResult) -> str:
             f"| {cell.positions} | {_bitwise(cell)} | {_flips(cell)} | {fmt_mnats(cell.max_abs_delta_mnats)} "
             f"| {_md(_pin(cell))} |"
         )
+    out += [""] + [f"> {_md(c.schedule.cell)}: {_md(c.reuse_note)}" for c in result.ran if c.reuse_note]
     out += [""] + [f"> note: {_md(n)}" for n in result.notes]
     return "\n".join(out) + "\n"
 
@@ -232,7 +235,9 @@ def render_invariance_html(result: InvarianceResult) -> str:
             + "</tr>"
         )
     head = "".join(f"<p>{esc(line)}</p>" for line in _head(result).splitlines())
-    notes = "".join(f"<p class='note'>note: {esc(printable(n))}</p>" for n in result.notes)
+    lines = [f"{c.schedule.cell}: {c.reuse_note}" for c in result.ran if c.reuse_note]
+    lines += [f"note: {n}" for n in result.notes]
+    notes = "".join(f"<p class='note'>{esc(printable(n))}</p>" for n in lines)
     title = esc(f"gate invariance: {result.engine} on {result.model}")
     # Composed by concatenation of escaped parts: no text from the result is a template.
     return "".join(

@@ -19,6 +19,11 @@ where the engine declares the knob (`HasScheduleKnobs`, `gate.core.engine`):
 - prefix_cache: the prompts served with their prefix cached (`prefix_cache` 1: each batch of
   prompts served once to fill the cache, then again, the second run judged) against the
   baseline's cold cache (`prefix_cache` 0 in the baseline where the engine declares the knob).
+  An engine that caches whole blocks (`cache_block`) runs the cell with blocks of
+  `InvariancePlan.cache_block` tokens, unless its options set them, so that short prompts
+  fill a block; its reference is then a cold run with the same blocks, not the baseline.
+  Where the engine counts its reuse (`ReportsPrefixReuse`), the cell notes what the judged
+  run took from the cache (a note: the verdict does not read it).
 
 Every run is a free run (the forced cells excepted): each schedule's verdict against the pin
 leaves the positions after a prompt's first divergence from the pin unadjudicated, as
@@ -33,12 +38,20 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from gate.core.engine import Engine, ForcedDecodeUnavailable, ForcesDecode, PromptInput, schedule_knobs
+from gate.core.engine import (
+    Engine,
+    ForcedDecodeUnavailable,
+    ForcesDecode,
+    PromptInput,
+    ReportsPrefixReuse,
+    schedule_knobs,
+)
 from gate.core.pins.pin import Pin
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.invariance import (
+    CacheReuse,
     CellResult,
     InvarianceResult,
     Schedule,
@@ -83,6 +96,10 @@ class InvariancePlan:
     seed: int = 0  # the shuffle's
     threads: int = 2  # the threads cell's (the baseline runs 1)
     chunk: int = 8  # tokens per prefill chunk (the chunked_prefill cell)
+    # Tokens per cache block in the prefix_cache cell, on an engine that declares `cache_block`
+    # (vLLM: 32, the smallest its CPU attention kernels take; its default, 128, is longer
+    # than every prompt of the default suite, so nothing would be cached).
+    cache_block: int = 32
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -91,7 +108,12 @@ class InvariancePlan:
             raise InputError(f"--schedules: unknown cell(s) {', '.join(unknown)} (known: {', '.join(CELLS)})")
         if not self.cells:
             raise InputError("--schedules: no cell named")
-        for name, value, low in (("batch", self.batch, 2), ("threads", self.threads, 2), ("chunk", self.chunk, 1)):
+        for name, value, low in (
+            ("batch", self.batch, 2),
+            ("threads", self.threads, 2),
+            ("chunk", self.chunk, 1),
+            ("cache-block", self.cache_block, 1),
+        ):
             if value < low:
                 raise InputError(f"--{name} {value}: must be at least {low}")
 
@@ -283,7 +305,7 @@ def _cell(
             return not_run(schedule, "the engine states no chunked_prefill or n_ubatch knob")
         return free_cell(schedule, with_knob(knob, plan.chunk), prompts, step)
     if cell == "prefix_cache":
-        return _prefix_cached(runner, knobs, base, prompts, step, baseline, doctrine)
+        return _prefix_cached(runner, knobs, base, prompts, step, baseline, doctrine, plan.cache_block)
     if cell == "forced_decode":
         schedule = Schedule("forced_decode", {}, "forced along its own tokens against its free run")
         return _forced(runner, base, baseline, doctrine, schedule)
@@ -335,27 +357,60 @@ def _prefix_cached(
     step: int,
     baseline: Trace,
     doctrine: Doctrine,
+    block: int,
 ) -> CellResult:
     """Each batch of prompts served twice with the prefix cache on: the first call fills the
     cache (and may itself reuse an earlier prompt's prefix), the second finds each prompt's
-    own prefix cached; the second is judged against the cold baseline."""
+    own prefix cached; the second is judged against the cold baseline, or, where the cell
+    sets the engine's cache block, against a cold run with the same blocks."""
     schedule = Schedule("prefix_cache", {"prefix_cache": 1}, "each prompt again with its prefix cached, against cold")
     if "prefix_cache" not in knobs:
         return not_run(schedule, "the engine states no prefix_cache knob (no cache it reuses across requests)")
     if str(base.get(knobs["prefix_cache"], "0")).strip().lower() in _ON:
         return not_run(schedule, "the baseline already reuses the prefix cache: no cold run to compare with")
-    engine = runner.engine_with({**base, knobs["prefix_cache"]: "1"})
+    cold, reference_name = dict(base), "baseline"
+    if "cache_block" in knobs and knobs["cache_block"] not in base:
+        # The block size may change the numbers themselves (the attention kernel walks the
+        # KV cache a block at a time): the cold reference runs with the same blocks.
+        cold[knobs["cache_block"]] = str(block)
+        schedule = Schedule(
+            "prefix_cache",
+            {"prefix_cache": 1, "cache_block": block},
+            f"each prompt again with its prefix cached, against cold, both in {block}-token blocks",
+        )
+        reference_name = f"cold, {block}-token blocks"
+    reference = baseline if cold == dict(base) else _free(runner, cold, prompts, step, "prefix_cache cold")
+    engine = runner.engine_with({**cold, knobs["prefix_cache"]: "1"})
     runner.progress.phase("prefix_cache", 2 * len(prompts))
     records: list[PromptRecord] = []
+    hits = reused = 0
     for start in range(0, len(prompts), step):
         batch = prompts[start : start + step]
         generate(engine, batch, runner.pin.top_k)  # fills the cache
         runner.progress.advance(len(batch))
+        before = _reuse(engine)
         records.extend(generate(engine, batch, runner.pin.top_k))
+        after = _reuse(engine)
+        if before is not None and after is not None:
+            hits, reused = hits + after[0] - before[0], reused + after[1] - before[1]
         runner.progress.advance(len(batch))
     rank = {r.id: i for i, r in enumerate(runner.pin.trace.records)}
     records.sort(key=lambda r: rank[r.id])
-    return _judged(baseline, _trace(runner, records, "prefix_cache"), doctrine, schedule, runner)
+    trace = _trace(runner, records, "prefix_cache")
+    part = shard_pin(runner.pin, [r.id for r in trace.records])
+    against_pin = pin_verdict(compare(part.trace, trace, doctrine))
+    cell = compare_runs(reference, trace, doctrine, schedule, reference_name=reference_name, pin=against_pin)
+    counted = _reuse(engine) is not None
+    return replace(_texts(cell, engine), cache_reuse=CacheReuse(hits, reused) if counted else None)
+
+
+def _reuse(engine: Engine) -> tuple[int, int] | None:
+    """(requests served from the prefix cache, tokens taken from it) so far, as the engine
+    counts them; None where it does not."""
+    if not isinstance(engine, ReportsPrefixReuse):
+        return None
+    hits, tokens = engine_call(engine, "prefix_reuse", engine.prefix_reuse)
+    return int(hits), int(tokens)
 
 
 def _trace(runner: _Runner, records: Sequence[PromptRecord], what: str) -> Trace:

@@ -155,6 +155,7 @@ def test_the_prefix_cache_reuses_the_shared_prefix_and_keeps_the_tokens(tiny_fol
     warm._reuse = counted  # type: ignore[method-assign]
     hot = warm.generate(prompts, TOP_K)
     assert reused[0] == 0 and all(n >= len(prompts[0].prompt_token_ids) - 1 for n in reused[1:]), reused
+    assert warm.prefix_reuse() == (len(reused) - 1, sum(reused)) and tiny.prefix_reuse() == (0, 0)
     for a, b in zip(cold, hot, strict=True):
         assert a.token_ids == b.token_ids, a.id
         assert a.top_logprobs is not None and b.top_logprobs is not None

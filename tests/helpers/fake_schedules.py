@@ -14,6 +14,10 @@ schedule knobs declared (`schedule_knobs`, gate.core.engine).
   runner-up's logit gains 0.5 nats whenever more than one request is in flight (a server
   whose batched kernels differ from its one-request ones).
 - `BadKnobFake`: declares a knob outside gate's vocabulary (an engine error).
+- `CacheFake`: the honest toy model with a prefix cache of whole `block`-token blocks
+  (`prefix_cache`, `cache_block` knobs): a prompt it has served before takes its whole
+  blocks short of the last token from the cache, counted as vLLM counts them
+  (`prefix_reuse`); `SilentCacheFake` is the same engine that does not report its reuse.
 """
 
 from __future__ import annotations
@@ -85,3 +89,30 @@ class ServerFake(FakeEngine):
 
 class BadKnobFake(FakeEngine):
     schedule_knobs: ClassVar[Mapping[str, str]] = {"warp_speed": "seed"}
+
+
+class SilentCacheFake(FakeEngine):
+    schedule_knobs: ClassVar[Mapping[str, str]] = {"prefix_cache": "prefix_cache", "cache_block": "block"}
+
+    def __init__(self, model: str, **options: Any) -> None:
+        given = dict(options)
+        self.cache_on = options.pop("prefix_cache", "0") == "1"
+        self.block = int(options.pop("block", "64"))
+        self.reused = (0, 0)
+        self.seen: set[tuple[int, ...]] = set()
+        super().__init__(model, **options)
+        FakeEngine.history[-1] = ("load", (model, given))
+
+    def generate(self, prompts: Sequence[PromptInput], top_k: int) -> list[PromptRecord]:
+        for p in prompts:
+            ids = tuple(p.prompt_token_ids)
+            cached = (len(ids) - 1) // self.block * self.block if self.cache_on and ids in self.seen else 0
+            if cached:
+                self.reused = (self.reused[0] + 1, self.reused[1] + cached)
+            self.seen.add(ids)
+        return super().generate(prompts, top_k)
+
+
+class CacheFake(SilentCacheFake):
+    def prefix_reuse(self) -> tuple[int, int]:
+        return self.reused

@@ -22,7 +22,7 @@ PLUGIN_CONTRACT = {
     "Engine", "PromptInput", "PromptRecord", "ForcedDecode", "ForcedDecodeUnavailable", "EngineError",
     "InputError", "parse_options", "SCHEDULE_KNOBS",
     "ForcesDecode", "HasScheduleKnobs", "BatchesPrompts", "KeepsRequestsInFlight", "ReplaysRouting",
-    "CapturesActivations",
+    "CapturesActivations", "ReportsPrefixReuse",
 }  # fmt: skip
 
 

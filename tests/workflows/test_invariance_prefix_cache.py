@@ -56,6 +56,15 @@ def test_the_honest_hf_prefix_cache_is_reused_and_compared(tiny: tuple[Path, Pat
     store = loaded[-1].prefix_store
     # Every prompt's second serving found all but its last token cached.
     assert store is not None and store.hits >= 16 and store.reused_tokens > 16 * 20
+    # The cell notes what its judged serving took from the cache: every prompt, all but its last token.
+    from helpers.tiny_pin import MODEL
+
+    tokens = sum(len(r.prompt_token_ids) - 1 for r in load_pin(MODEL, tiny[1]).trace.records)
+    assert cell.to_dict()["cache_reuse"] == {"requests_hit": cell.prompts, "tokens_reused": tokens}
+    assert cell.reuse_note == (
+        f"the engine served {tokens} prompt token(s) from its prefix cache over {cell.prompts} "
+        f"of the judged run's {cell.prompts} request(s)"
+    )
     assert result.to_dict()["schedule_knobs"]["prefix_cache"] == "prefix_cache"
 
 

@@ -76,6 +76,23 @@ class PinVerdict:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheReuse:
+    """What the engine says its prefix cache served during a cell's judged run: requests
+    served with a cached prefix, and the prompt tokens they took from the cache. A note on
+    the cell only: the engine's own count, so it never changes a verdict (an engine that
+    omits it must not judge better or worse for that)."""
+
+    requests_hit: int
+    tokens_reused: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"requests_hit": self.requests_hit, "tokens_reused": self.tokens_reused}
+
+
+PREFIX_CACHE_CELL = "prefix_cache"
+
+
+@dataclass(frozen=True, slots=True)
 class CellResult:
     """One cell of the matrix: what ran (or why not) and how it compares with its reference."""
 
@@ -93,6 +110,7 @@ class CellResult:
     flips: tuple[Divergence, ...] = ()
     drift: RunDrift | None = None
     pin: PinVerdict | None = None
+    cache_reuse: CacheReuse | None = None  # the prefix_cache cell's, where the engine reports it
 
     @property
     def verdict(self) -> str:
@@ -130,7 +148,25 @@ class CellResult:
             out["drift"] = self.drift.to_dict()
         if self.pin is not None:
             out["pin"] = self.pin.to_dict()
+        if self.schedule.cell == PREFIX_CACHE_CELL:
+            out["cache_reuse"] = self.cache_reuse.to_dict() if self.cache_reuse is not None else None
         return out
+
+    @property
+    def reuse_note(self) -> str | None:
+        """The prefix_cache cell's sentence on what the engine's cache served (None for any
+        other cell, or one that did not run)."""
+        if not self.ran or self.schedule.cell != PREFIX_CACHE_CELL:
+            return None
+        reuse = self.cache_reuse
+        if reuse is None:
+            return "the engine does not report its cache reuse"
+        if reuse.requests_hit == 0 and reuse.tokens_reused == 0:
+            return "the engine served nothing from its prefix cache: this cell did not exercise it"
+        return (
+            f"the engine served {reuse.tokens_reused} prompt token(s) from its prefix cache "
+            f"over {reuse.requests_hit} of the judged run's {self.prompts} request(s)"
+        )
 
 
 def _flip_dict(d: Divergence) -> dict[str, Any]:

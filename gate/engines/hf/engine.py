@@ -260,6 +260,11 @@ class HFEngine(TokenizerMethods):
         """`CapturesActivations`: one prefill over the context through `capture_path`."""
         return activations_of(self.capture_path(context_token_ids, context_token_ids, PREFILL), names)
 
+    def prefix_reuse(self) -> tuple[int, int]:
+        """`ReportsPrefixReuse`: (prompts prefilled from a cached prefix, tokens taken from it)."""
+        store = self.prefix_store
+        return (store.hits, store.reused_tokens) if store is not None else (0, 0)
+
     def close(self) -> None:
         self.model = None
         if self.device.type == "cuda":

@@ -71,6 +71,7 @@ from gate.engines._common import (
 )
 from gate.engines._logits import first_argmax, top_k_pairs
 from gate.engines._machine import cpu_flags, cpu_model
+from gate.engines.mlx.capture import capture_mlx, named_activations
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
 from gate.models.hashing import source_hashes
@@ -147,6 +148,7 @@ class MLXEngine(TokenizerMethods):
         self.dtype = _model_dtype(loaded)
         self._cache: list[Any] | None = None  # prefix_cache: the previous sequence's KV cache
         self._cached: list[int] = []  # ... and the tokens it holds
+        self._reused = (0, 0)  # (prompts prefilled from the cache, tokens taken from it)
 
     def _locate(self, model: str, model_path: str | None, dtype: str | None) -> Path:
         """The folder to load: `model_path`, the model (the default's materialised folder, or a
@@ -252,15 +254,15 @@ class MLXEngine(TokenizerMethods):
 
     def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Any:
         """`gate diagnose`'s capture through either path (gate.engines.mlx.capture)."""
-        from gate.engines.mlx.capture import capture_mlx
-
         return capture_mlx(self, prompt_token_ids, context_token_ids, path)
 
     def capture_activations(self, context_token_ids: Sequence[int], names: Sequence[str] | None = None) -> Any:
         """The named activations of one forward over the context (a dump's content)."""
-        from gate.engines.mlx.capture import named_activations
-
         return named_activations(self, context_token_ids, names)
+
+    def prefix_reuse(self) -> tuple[int, int]:
+        """`ReportsPrefixReuse`: (prompts prefilled from a cached prefix, tokens taken from it)."""
+        return self._reused
 
     def close(self) -> None:
         self.model = None
@@ -334,6 +336,7 @@ class MLXEngine(TokenizerMethods):
         if shared == 0 or not can_trim_prompt_cache(cache):
             return make_prompt_cache(self.model), 0
         trim_prompt_cache(cache, len(self._cached) - shared)
+        self._reused = (self._reused[0] + 1, self._reused[1] + shared)
         return cache, shared
 
     def _keep(self, cache: list[Any], tokens: Sequence[int]) -> None:

