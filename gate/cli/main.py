@@ -118,3 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         # gate command returns 130 itself (a GateError `Interrupted` carries its message).
         _say(INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -202,3 +202,13 @@ def test_typer_is_the_only_cli_import() -> None:
     for path in sorted((ROOT / "gate").rglob("*.py")):
         assert click_imports(path.read_text()) == [], path
     assert typer is not None
+
+
+@pytest.mark.parametrize("module", ["gate", "gate.cli.main"])
+def test_both_module_entry_points_run_the_cli(module: str) -> None:
+    """`python -m gate.cli.main` printed nothing and exited 0 (the module had no main guard)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("gate "), (out.stdout, out.stderr)
