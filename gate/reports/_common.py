@@ -278,7 +278,11 @@ def not_greedy_line(result: GateResult) -> str | None:
         f"the candidate is not greedy over its own logprobs at {total} position{'s' if total != 1 else ''}: "
         f"{shown}{more} — its "
         "sampler does not take the top of the logprobs it reports (a penalty or a sampling setting left on?), "
-        "so its lists earn no allowance and every flip is a defect"
+        + (
+            "so its lists earn no allowance and every flip is a defect"
+            if result.doctrine.floor is not None
+            else "so its lists earn no allowance: a flip is a tie only where the oracle's list alone makes it one"
+        )
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from gate.core.verdict.chain import CHAIN, PositionEvidence, Rule, classify, decide, position_evidence
 from gate.core.verdict.doctrine import Doctrine, Evidence
 from gate.core.verdict.evidence import RunDrift
+from gate.core.verdict.floor import Floor
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE
 from gate.core.verdict.rules import RULES
 
@@ -26,6 +27,8 @@ ORACLE, CAND, OTHER = 5, 7, 9
 EVIDENCE = Doctrine(near_tie_mnats=60.0, near_tie_ulps=2.0, dtype="bfloat16", evidence=Evidence(4.0, 2.0, 2.0))
 GRID = Doctrine(near_tie_mnats=60.0, near_tie_ulps=2.0, dtype="bfloat16")
 MNATS = Doctrine()
+# Under a floor every list the candidate was asked for must be there: `not_greedy` answers first.
+FLOORED = Doctrine(floor=Floor(kl_mean_mnats=1.0, kl_p99_mnats=10.0, same_top_rate=0.98, margin=1.2, measured_by="t"))
 CALM = RunDrift(20, 0.5, 1.0, 1.0, 0.0, 2.0, 4.0)
 DRIFTING = RunDrift(20, 2.5, 3.0, 4.0, 0.0, 2.0, 4.0)
 
@@ -74,7 +77,7 @@ def flip(
 CASES: list[tuple[str, Doctrine, PositionEvidence]] = [
     ("ran_out", MNATS, flip(MNATS, 1.0, candidate=None)),
     ("not_in_top_k", MNATS, flip(MNATS, 1.0, candidate=11)),
-    ("not_greedy", MNATS, flip(MNATS, 0.0, not_greedy=True)),
+    ("not_greedy", FLOORED, flip(FLOORED, 0.0, not_greedy=True)),
     ("exact_tie", MNATS, flip(MNATS, 0.0)),
     ("near_tie_mnats", EVIDENCE, flip(EVIDENCE, 0.25, 1.0, drift=DRIFTING)),
     ("drift_beyond", EVIDENCE, flip(EVIDENCE, 2.0, 1.0, drift=DRIFTING)),
@@ -160,3 +163,18 @@ def test_less_evidence_never_ratifies_more(code: str, doctrine: Doctrine, ev: Po
     for less in fewer:
         if before.cls == DEFECT:
             assert classify(less, doctrine).cls == DEFECT, (code, less)
+
+
+@pytest.mark.parametrize("gap", [0.0, 0.2])
+def test_without_a_floor_not_greedy_never_undoes_what_the_oracle_list_alone_ratifies(gap: float) -> None:
+    """Without a floor a candidate may give no lists at all and is judged on the oracle's
+    list alone: an exact tie or a tie within the mnats stays one, whatever its lists show
+    (else dropping them would pass it); past the mnats, not greedy is a defect."""
+    tie = flip(EVIDENCE, gap, 1.0, drift=CALM, not_greedy=True)
+    assert classify(tie, EVIDENCE).cls != DEFECT
+    beyond = flip(EVIDENCE, 3.0, 1.0, drift=CALM, not_greedy=True)
+    assert (classify(beyond, EVIDENCE).cls, classify(beyond, EVIDENCE).rule) == (DEFECT, "not_greedy")
+    # The same flip from a greedy candidate whose lists are complete is ratified by the evidence rule,
+    assert classify(replace(beyond, not_greedy=False), EVIDENCE).cls == NEAR_TIE
+    # and from one whose lists are not all there, it is not.
+    assert classify(replace(beyond, not_greedy=False, lists_complete=False), EVIDENCE).cls == DEFECT

@@ -250,35 +250,35 @@ def test_no_cut_passes_a_failing_trace_under_the_evidence_rule_without_a_floor(
     assert _not_a_pass(oracle, apply_cuts(cand, oracle, cuts), EVIDENCE_ONLY), cuts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the not_greedy rule fails every divergence of a candidate whose own lists show it "
-    "is not greedy, exact ties included; without a floor, the same candidate with its lists removed "
-    "is a v1 candidate whose exact tie is ratified. Closing it means either judging exact and mnats "
-    "ties by the oracle's list alone for such a candidate, or failing a candidate without lists: a "
-    "decision on the doctrine, left to its owner",
-)
 def test_removing_the_lists_that_show_a_candidate_is_not_greedy_never_passes_it() -> None:
+    """Its own list at position 1 (a context it shares with the oracle) ranks 3 above the 6
+    it took; at 2 it takes an exact tie the other way. Without a floor the tie is judged on
+    the oracle's list alone with or without its lists (a candidate may give none), so its
+    lists cannot make it a defect that dropping them would ratify; dropping every list, or
+    the one that shows it, passes nothing that failed."""
     head = TraceHeader("oracle", "m", 3, {"name": "e", "version": "1"})
     o = PromptRecord(
         "p",
         (1,),
         (5, 6, 7),
-        top_logprobs=[[[5, -0.5], [9, -0.5], [2, -3.0]], [[6, -0.1], [3, -3.0], [4, -4.0]], [[7, -0.2], [3, -3.0]]],
+        top_logprobs=[[[5, -0.1], [2, -3.0]], [[6, -0.1], [3, -3.0], [4, -4.0]], [[7, -0.5], [8, -0.5], [3, -3.0]]],
     )
-    # An exact tie taken the other way at 0; at 1 its own list ranks 3 above the 6 it took.
     c = PromptRecord(
         "p",
         (1,),
-        (9, 6, 7),
-        top_logprobs=[[[5, -0.5], [9, -0.5], [2, -3.0]], [[3, -0.1], [6, -0.2], [4, -4.0]], [[7, -0.2], [3, -3.0]]],
+        (5, 6, 8),
+        top_logprobs=[[[5, -0.1], [2, -3.0]], [[3, -0.1], [6, -0.2], [4, -4.0]], [[7, -0.5], [8, -0.5], [3, -3.0]]],
     )
     oracle = Trace(head, (o,), "o.jsonl")
     cand = Trace(replace(head, role="candidate"), (c,), "c.jsonl")
-    r = compare(oracle, cand, Doctrine())
-    assert r.verdict == "fail" and r.not_greedy_total == 1
-    cut = apply_cuts(cand, oracle, [("drop_all_lists", 0)])
-    assert _not_a_pass(oracle, cut, Doctrine())
+    for doctrine in (Doctrine(), EVIDENCE_ONLY):
+        r = compare(oracle, cand, doctrine)
+        assert r.not_greedy_total == 1
+        assert r.verdict == "ratified_pass", r.summary  # the exact tie, judged on the oracle's list
+        for cuts in ([("drop_all_lists", 0)], [("drop_lists", 0)], [("drop_lists", 1)], [("drop_lists", 2)]):
+            cut = apply_cuts(cand, oracle, cuts)
+            if r.verdict == "fail":
+                assert _not_a_pass(oracle, cut, doctrine), (doctrine, cuts)
 
 
 # --------------------------------------------------------------------------- on the default pin
@@ -326,3 +326,16 @@ def test_cuts_on_hostile_candidates_of_the_default_pin_stay_failing() -> None:
         assert compare(oracle, cand, doctrine).exit_code == 1, name
         for cut in sorted(CUTS):
             assert _not_a_pass(oracle, apply_cuts(cand, oracle, [(cut, 5)]), doctrine), (name, cut)
+
+
+def test_a_greedy_break_past_the_first_divergence_is_on_a_context_of_its_own() -> None:
+    """Past its first divergence a free run is on its own context, whose lists a pin with a
+    floor does not ask for: a break there is not counted (dropping it would shed the penalty)."""
+    head = TraceHeader("oracle", "m", 3, {"name": "e", "version": "1"})
+    o = PromptRecord("p", (1,), (5, 6), top_logprobs=[[[5, -0.5], [9, -0.5]], [[6, -0.1], [3, -3.0]]])
+    c = PromptRecord("p", (1,), (9, 6), top_logprobs=[[[5, -0.5], [9, -0.5]], [[3, -0.1], [6, -0.2]]])
+    r = compare(Trace(head, (o,), "o.jsonl"), Trace(replace(head, role="candidate"), (c,), "c.jsonl"), Doctrine())
+    assert r.not_greedy_total == 0 and r.verdict == "ratified_pass"
+    shared = replace(c, token_ids=(5, 6))  # the same break where it shares the oracle's context
+    r = compare(Trace(head, (o,), "o.jsonl"), Trace(replace(head, role="candidate"), (shared,), "c.jsonl"), Doctrine())
+    assert r.not_greedy_total == 1

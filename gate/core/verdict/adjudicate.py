@@ -16,6 +16,7 @@ from gate.core.traces.digest import trace_sha256
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.consistency import check_something_to_compare, header_warnings
+from gate.core.verdict.coverage import prompt_coverage
 from gate.core.verdict.distribution import measure_distribution
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine
 from gate.core.verdict.evidence import RunDrift, run_drift
@@ -75,6 +76,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
             tail_limit_ulps=ev.tail_limit_ulps,
             evidence=own,
         )
+    complete = all(lists_complete(o, cand[o.id], own, oracle.header.top_k) for o in oracle.records)
     prompts: list[PromptResult] = []
     divergences: list[Divergence] = []
     for o in oracle.records:
@@ -86,6 +88,7 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
             candidate_path=candidate.path,
             drift=drift,
             evidence=own,
+            complete=complete,
         )
         prompts.append(pr)
         divergences.extend(divs)
@@ -105,6 +108,13 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         ),
         oracle_sha256=trace_sha256(oracle),
     )
+
+
+def lists_complete(o: PromptRecord, c: PromptRecord, evidence: CandidateEvidence, top_k: int) -> bool:
+    """The candidate's lists are all there at the prompt's positions that share the oracle's
+    context (none absent, empty or shorter than the oracle's `top_k` asks: `coverage`)."""
+    _, missing, short, _ = prompt_coverage(o, c, evidence.own(c.id), top_k)
+    return not missing and not short
 
 
 def candidate_evidence_of(o: PromptRecord, c: PromptRecord, candidate_path: str = "candidate") -> CandidateEvidence:
@@ -142,6 +152,7 @@ def compare_prompt(
     candidate_path: str = "candidate",
     drift: RunDrift | None = None,
     evidence: CandidateEvidence | None = None,
+    complete: bool | None = None,
 ) -> tuple[PromptResult, list[Divergence]]:
     if c.prompt_token_ids != o.prompt_token_ids:
         j = next(
@@ -170,6 +181,8 @@ def compare_prompt(
     ev = evidence if evidence is not None else candidate_evidence_of(o, c, candidate_path)
     own: OwnLists = ev.own(c.id)
     not_greedy = ev.not_greedy_total > 0
+    if complete is None:  # called on its own: this prompt's lists are the run's
+        complete = lists_complete(o, c, ev, len(top[0]) if top else 1)
 
     def make(i: int, source: str, cand_token: int | None, mode: str | None = None) -> Divergence:
         tl = top_logits[i] if top_logits is not None else None
@@ -185,6 +198,7 @@ def compare_prompt(
             candidate_top=own.at(source, i) if cand_token is not None else None,
             drift=drift,
             not_greedy=not_greedy,
+            lists_complete=complete,
         )
         d = classify(evidence_here, doctrine)
         vocab = texts()

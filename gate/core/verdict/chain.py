@@ -14,7 +14,7 @@ docs/reference/doctrine.md ("How a divergence is classified") lists the chain in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from gate.core.traces.trace import TopList
@@ -71,7 +71,11 @@ class PositionEvidence:
     margin_units: float | None  # u_c: the candidate's own logprob of c minus o's, in units
     candidate_top: TopList | None  # the candidate's own list here (free run or forced)
     drift: RunDrift | None  # the run's drift (evidence rule only)
-    not_greedy: bool  # the candidate is not greedy over its own lists somewhere in the run
+    not_greedy: bool  # not greedy over its own lists somewhere it shares the oracle's context
+    # Its lists are all there (none absent, empty or short) at every position where it shares
+    # the oracle's context: the evidence rule weighs a list only from a candidate that gave
+    # them all (one that drops the lists that speak against it earns nothing by it).
+    lists_complete: bool = True
 
     @property
     def gap_nats(self) -> float | None:
@@ -103,6 +107,7 @@ def position_evidence(
     candidate_top: TopList | None = None,
     drift: RunDrift | None = None,
     not_greedy: bool = False,
+    lists_complete: bool = True,
 ) -> PositionEvidence:
     """The evidence at one position, measured in the doctrine's dtype and units.
 
@@ -140,6 +145,7 @@ def position_evidence(
         candidate_top=candidate_top,
         drift=drift,
         not_greedy=not_greedy,
+        lists_complete=lists_complete,
     )
 
 
@@ -176,7 +182,7 @@ def _evidence_at(ev: PositionEvidence, doctrine: Doctrine) -> _Weighed | None:
     """What the evidence rule weighs here, or None where it cannot be weighed (no rule, no
     unit, or no margin: the candidate's own list lacks either token, or it has none)."""
     rule, unit, c_lp, margin = doctrine.evidence, ev.unit, ev.candidate_logprob, ev.margin_units
-    if rule is None or unit is None or c_lp is None or margin is None:
+    if rule is None or unit is None or c_lp is None or margin is None or not ev.lists_complete:
         return None
     return _Weighed(rule, unit, c_lp, margin)
 
@@ -196,8 +202,16 @@ def _not_in_top_k(ev: PositionEvidence, doctrine: Doctrine) -> bool:
 
 def _not_greedy(ev: PositionEvidence, doctrine: Doctrine) -> bool:
     # Its lists contradict its own choices somewhere: its flips prove nothing (a sampler
-    # with a penalty left on, logprobs taken before it).
-    return ev.not_greedy
+    # with a penalty left on, logprobs taken before it). Under a floor every list it was
+    # asked for must be there, so dropping the ones that show it is not a pass either. Without
+    # one a candidate may give no lists and is then judged on the oracle's alone: its lists
+    # cannot make defect what that judgement ratifies (less evidence never ratifies more).
+    if not ev.not_greedy:
+        return False
+    if doctrine.floor is not None:
+        return True
+    bare = replace(ev, candidate_top=None, margin_units=None, drift=None, not_greedy=False, lists_complete=False)
+    return decide(bare, doctrine).cls == DEFECT
 
 
 def _exact_tie(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -273,7 +287,10 @@ CHAIN: tuple[Rule, ...] = (
         RULE_NOT_GREEDY,
         DEFECT,
         _not_greedy,
-        "the candidate is not greedy over its own logprobs somewhere in the run: no allowance anywhere",
+        (
+            "the candidate is not greedy over its own logprobs where it shares the oracle's context: no "
+            "allowance (without a floor, none beyond what the oracle's list alone ratifies)"
+        ),
     ),
     Rule(RULE_EXACT_TIE, EXACT_TIE, _exact_tie, "both logprobs are equal bit for bit: a tie-break convention"),
     Rule(RULE_MNATS, NEAR_TIE, _near_tie_mnats, "0 < the oracle's gap ≤ `near_tie_mnats`"),

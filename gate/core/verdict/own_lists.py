@@ -182,6 +182,7 @@ def candidate_evidence(oracle: Trace, candidate: Trace) -> CandidateEvidence:
     """Check a candidate trace's own lists once (forced lists matched to the oracle's
     positions, greedy over its own lists at every position), prompts matched by id."""
     n_of = {r.id: len(r.token_ids) for r in oracle.records}
+    tokens_of = {r.id: r.token_ids for r in oracle.records}
     lists: dict[str, OwnLists] = {}
     breaks: list[NotGreedy] = []
     total = 0
@@ -194,10 +195,25 @@ def candidate_evidence(oracle: Trace, candidate: Trace) -> CandidateEvidence:
         lists[rec.id] = OwnLists(free, forced)
         free_any = free_any or _any_list(free)
         forced_any = forced_any or _any_list(forced)
-        for part, tops, chosen in ((FREE_RUN, free, rec.token_ids), (FORCED, forced, rec.forced_token_ids or ())):
+        # Its free run counts up to and including its first divergence: the positions that
+        # share the oracle's context, where a pin with a floor asks for its lists. A break past
+        # them is on a context of its own, whose lists it may drop without being asked, and a
+        # penalty it can shed by saying less would make less evidence a laxer verdict.
+        shared = _shared_prefix(tokens_of.get(rec.id), rec.token_ids)
+        for part, tops, chosen in ((FREE_RUN, free, shared), (FORCED, forced, rec.forced_token_ids or ())):
             for b in greedy_breaks(rec.id, part, tops, chosen):
                 total += 1
                 per[rec.id] = per.get(rec.id, 0) + 1
                 if len(breaks) < NOT_GREEDY_KEPT:
                     breaks.append(b)
     return CandidateEvidence(lists, free_any, forced_any, tuple(breaks), total, per)
+
+
+def _shared_prefix(oracle_tokens: Sequence[int] | None, chosen: Sequence[int]) -> Sequence[int]:
+    """The candidate's free-run tokens up to and including its first divergence from the
+    oracle's (all of them where it does not diverge, or the oracle is unknown)."""
+    if oracle_tokens is None:
+        return chosen
+    n = min(len(oracle_tokens), len(chosen))
+    first = next((i for i in range(n) if chosen[i] != oracle_tokens[i]), None)
+    return chosen[: first + 1] if first is not None else chosen[:n]

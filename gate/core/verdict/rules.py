@@ -10,7 +10,7 @@ RULE_GRID = "near_tie_grid_steps"  # gap <= near_tie_ulps of the logit's own gri
 RULE_EVIDENCE = "near_tie_evidence"  # oracle gap and own margin within the evidence rule's units
 RULE_RAN_OUT = "ran_out"  # the candidate stopped before the oracle's continuation ended
 RULE_NOT_IN_TOP_K = "not_in_top_k"  # the candidate's token is not in the oracle's list
-RULE_NOT_GREEDY = "not_greedy"  # the candidate is not greedy over its own logprobs (somewhere in the run)
+RULE_NOT_GREEDY = "not_greedy"  # not greedy over its own logprobs where it shares the oracle's context
 RULE_BEYOND_MNATS = "beyond_mnats"  # the gap is beyond near_tie_mnats and no other rule applies
 RULE_BEYOND_GRID = "beyond_grid_steps"  # the gap is beyond near_tie_mnats and near_tie_ulps
 RULE_ORACLE_GAP = "oracle_gap_beyond"  # evidence: the oracle's gap beyond oracle_ulps units
