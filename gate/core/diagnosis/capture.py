@@ -25,6 +25,23 @@ FINAL_NORM = "final_norm"
 LM_HEAD = "lm_head"
 PARTS = (EMBEDDING, NORM, ATTENTION, MLP, EXPERTS, ROUTER, RESIDUAL, FINAL_NORM, LM_HEAD)
 
+# A decoder layer's child modules by name, as the model families gate captures call them.
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer")
+MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
+
+
+def part_of(name: str, module: Any, expert_attrs: tuple[str, ...] = ("experts",)) -> str | None:
+    """The part a decoder layer's child module named `name` is (None: not one gate compares);
+    an MLP holding any of `expert_attrs` is a mixture of experts."""
+    lower = name.lower()
+    if "norm" in lower:
+        return NORM
+    if lower in ATTENTION_NAMES:
+        return ATTENTION
+    if lower in MLP_NAMES:
+        return EXPERTS if any(hasattr(module, a) for a in expert_attrs) else MLP
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class Point:

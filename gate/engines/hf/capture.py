@@ -22,13 +22,9 @@ import numpy as np
 import torch
 
 from gate.core.diagnosis.capture import (
-    ATTENTION,
     EMBEDDING,
-    EXPERTS,
     FINAL_NORM,
     LM_HEAD,
-    MLP,
-    NORM,
     PATHS,
     PREFILL,
     RESIDUAL,
@@ -36,14 +32,12 @@ from gate.core.diagnosis.capture import (
     Capture,
     Point,
     Tensor,
+    part_of,
     stack_rows,
 )
 from gate.engines.hf.layers import decoder_layers
 from gate.engines.hf.routing import find_routers
 from gate.errors import InputError
-
-ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer")
-MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
 
 
 def capture_points(model: Any) -> list[tuple[Point, Any]]:
@@ -59,7 +53,7 @@ def capture_points(model: Any) -> list[tuple[Point, Any]]:
     for i, layer in enumerate(layers):
         prefix = names.get(id(layer), f"layers.{i}")
         for child_name, child in layer.named_children():
-            part = _part(child_name, child)
+            part = part_of(child_name, child)
             if part is not None:
                 out.append((Point(i, part, f"{prefix}.{child_name}"), child))
         if i in routers:
@@ -72,17 +66,6 @@ def capture_points(model: Any) -> list[tuple[Point, Any]]:
     if head is not None:
         out.append((Point(count, LM_HEAD, names.get(id(head), "lm_head")), head))
     return out
-
-
-def _part(name: str, module: Any) -> str | None:
-    lower = name.lower()
-    if "norm" in lower:
-        return NORM
-    if lower in ATTENTION_NAMES:
-        return ATTENTION
-    if lower in MLP_NAMES:
-        return EXPERTS if hasattr(module, "experts") else MLP
-    return None
 
 
 def _final_norm(model: Any) -> Any | None:

@@ -30,25 +30,19 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from gate.core.diagnosis.capture import (
-    ATTENTION,
     EMBEDDING,
-    EXPERTS,
     FINAL_NORM,
     LM_HEAD,
-    MLP,
-    NORM,
     PATHS,
     PREFILL,
     RESIDUAL,
     Capture,
     Point,
     Tensor,
+    part_of,
     stack_rows,
 )
 from gate.errors import EngineError, InputError
-
-ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer")
-MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
 
 
 class Recorder:
@@ -110,17 +104,6 @@ class _Shadow:
         return getattr(self._module, name)
 
 
-def _part(name: str, module: Any) -> str | None:
-    lower = name.lower()
-    if "norm" in lower:
-        return NORM
-    if lower in ATTENTION_NAMES:
-        return ATTENTION
-    if lower in MLP_NAMES:
-        return EXPERTS if hasattr(module, "experts") or hasattr(module, "switch_mlp") else MLP
-    return None
-
-
 def _inner(model: Any) -> tuple[Any, str]:
     """The decoder stack (the object with `layers`) and its name's prefix."""
     for name in ("model", "language_model"):
@@ -147,7 +130,7 @@ class Shadows:
             for i, layer in enumerate(list(layers)):
                 name = f"{prefix}layers.{i}"
                 for child, module in layer.children().items():
-                    part = _part(child, module) if isinstance(module, nn.Module) else None
+                    part = part_of(child, module, ("experts", "switch_mlp")) if isinstance(module, nn.Module) else None
                     if part is not None:
                         self._attr(layer, child, Point(i, part, f"{name}.{child}"), recorder)
                 layers[i] = _Shadow(layer, Point(i, RESIDUAL, name), recorder)
