@@ -35,10 +35,9 @@ def _records(trace: Trace, rng: random.Random, change: Callable[[PromptRecord], 
     return replace(trace, records=tuple(recs))
 
 
-def _one_list(
-    trace: Trace, rng: random.Random, edit: Callable[[list[list[Any]], random.Random], list[list[Any]]]
-) -> Trace:
-    """Apply `edit` to one non-empty list (free run or forced) chosen at random."""
+def _pick_list(trace: Trace, rng: random.Random) -> tuple[int, str, int, list[list[list[Any]]]] | None:
+    """One non-empty list (free run or forced) chosen at random: (record index, part,
+    position, that part's lists), or None where the trace holds none."""
     spots = [
         (k, part, i)
         for k, rec in enumerate(trace.records)
@@ -47,14 +46,29 @@ def _one_list(
         if len(pos)
     ]
     if not spots:
-        return trace
+        return None
     k, part, i = rng.choice(spots)
-    recs = list(trace.records)
-    tops = _lists(recs[k], part)
+    tops = _lists(trace.records[k], part)
     assert tops is not None
-    tops[i] = edit(tops[i], rng)
+    return k, part, i, tops
+
+
+def _with_one_list(trace: Trace, k: int, part: str, tops: list[list[list[Any]]]) -> Trace:
+    recs = list(trace.records)
     recs[k] = _with_lists(recs[k], part, tops)
     return replace(trace, records=tuple(recs))
+
+
+def _one_list(
+    trace: Trace, rng: random.Random, edit: Callable[[list[list[Any]], random.Random], list[list[Any]]]
+) -> Trace:
+    """Apply `edit` to one non-empty list (free run or forced) chosen at random."""
+    picked = _pick_list(trace, rng)
+    if picked is None:
+        return trace
+    k, part, i, tops = picked
+    tops[i] = edit(tops[i], rng)
+    return _with_one_list(trace, k, part, tops)
 
 
 def truncate(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
@@ -91,20 +105,11 @@ def empty_worst(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
 def replace_unlisted(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
     """An entry's token replaced by one neither list holds, at the same logprob."""
     by_id = oracle.by_id()
-    spots = [
-        (k, part, i)
-        for k, rec in enumerate(trace.records)
-        for part in (FREE, FORCED)
-        for i, pos in enumerate(_lists(rec, part) or ())
-        if len(pos)
-    ]
-    if not spots:
+    picked = _pick_list(trace, rng)
+    if picked is None:
         return trace
-    k, part, i = rng.choice(spots)
-    recs = list(trace.records)
-    tops = _lists(recs[k], part)
-    assert tops is not None
-    otop = by_id[recs[k].id].top_logprobs
+    k, part, i, tops = picked
+    otop = by_id[trace.records[k].id].top_logprobs
     taken = {int(t) for t, _ in tops[i]} | (
         {int(t) for t, _ in otop[i]} if otop is not None and i < len(otop) else set()
     )
@@ -114,8 +119,7 @@ def replace_unlisted(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
     pos[j] = [new, pos[j][1]]
     pos.sort(key=lambda p: (-p[1], p[0]))
     tops[i] = pos
-    recs[k] = _with_lists(recs[k], part, tops)
-    return replace(trace, records=tuple(recs))
+    return _with_one_list(trace, k, part, tops)
 
 
 def drop_lists(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
