@@ -3,12 +3,20 @@ forward (one prefill) of the same context by the same candidate engine, in the s
 
     flock /tmp/gate-heavy.lock env OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python scripts/bench_diagnose.py
 
+Three diagnoses of the same position: with nothing cached (the first diagnosis of a model on
+a machine: its weights are hashed for the cache's key), with the weights' digests known (the
+first diagnosis of a position: the reference and the band computed), and with gate's
+diagnosis cache kept from the one before (the position diagnosed again: another candidate, a
+fixed build).
+
 Peak memory is the process's resident set, sampled every 2 ms by a thread, during each step
-(the candidate already loaded before both); the diagnosis loads the reference (float32) and
-the honest engine (bfloat16) itself, and its time includes those loads and both paths. The
-breakdown is the diagnosis's own phases (gate.workflows.diagnose.Timings): loading the
-reference and the honest engine, each engine's captures (both paths together), and the
-comparison; "other" is what lies between them.
+(the candidate already loaded before all); the diagnosis loads the honest engine (bfloat16)
+itself and widens it to the float32 reference (or loads the reference), and its time includes
+those loads and both paths. The breakdown is the diagnosis's own phases
+(gate.workflows.diagnose.Timings): the cache (hashing the weights, reading and writing the
+entry), loading the honest engine and making the reference, each engine's captures (both
+paths together; the honest one includes its band), and the comparison; "other" is what lies
+between them.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 cpu: list[float] = []
@@ -86,9 +95,23 @@ def main() -> None:
     def one(timings: Timings) -> Any:
         return diagnose_engine(engine, target, engine.model_path, model=pin.model, timings=timings)
 
-    with tempfile.TemporaryDirectory() as cache_dir:
-        os.environ["GATE_DIAGNOSE_CACHE_DIR"] = cache_dir  # an empty cache: the first diagnosis fills it
-        for what in ("one diagnosis, cache empty:", "one diagnosis, cache kept:"):
+    from gate.core.storage import digests
+
+    known_digests = digests.digest_dir
+    runs = (
+        ("nothing cached (weights hashed):", True),  # the first diagnosis of a model on this machine
+        ("one diagnosis, cache empty:", False),  # the first of a position: the weights' digests known
+        ("one diagnosis, cache kept:", False),  # the same position again (another candidate, a fix)
+    )
+    with tempfile.TemporaryDirectory() as cache_dir, tempfile.TemporaryDirectory() as digest_dir:
+        for what, hash_weights in runs:
+            # An empty cache for the first two runs; the second run fills it for the third.
+            os.environ["GATE_DIAGNOSE_CACHE_DIR"] = cache_dir + ("/first" if hash_weights else "/then")
+            digests.digest_dir = (lambda: Path(digest_dir)) if hash_weights else known_digests  # type: ignore[assignment]
+            if not hash_weights:  # the weights' digests as any earlier diagnosis of the model left them
+                for f in sorted(Path(engine.model_path).iterdir()):
+                    if f.is_file():
+                        digests.known_sha256(f)
             timings = Timings()
             diag_s, diag_peak, d = measured(functools.partial(one, timings))
             diag_cpu = cpu[-1]

@@ -272,15 +272,13 @@ def reference_engines(
     model_path: str, *, honest_dtype: str = "bfloat16", timings: Timings | None = None
 ) -> Iterator[tuple[Any, Any]]:
     """(reference, honest): transformers float32 and `honest_dtype` on the same weights."""
-    from gate.engines.hf.engine import HFEngine
-
     clock = timings or Timings()
     with clock.phase("load reference and honest"):
-        ref = HFEngine(model_path, tokenizer=False, dtype="float32")
-    hon: HFEngine | None = None
+        ref = load_hf(model_path, "float32")
+    hon: Any = None
     try:
         with clock.phase("load reference and honest"):
-            hon = HFEngine(model_path, tokenizer=False, dtype=honest_dtype)
+            hon = load_hf(model_path, honest_dtype)
         yield ref, hon
     finally:
         ref.close()
@@ -332,73 +330,105 @@ def diagnose_candidate(
     """Diagnose a candidate (a capture adapter, or named activations) at `target`, the
     reference and the band from `model_path`.
 
-    The reference is captured once, by one float32 prefill over the context with every
-    position's logits, and stands for both paths: float32's own decode path differs from its
-    prefill by rounding far below the band's floor (4.6e-6 relative at worst on the default
-    model against BAND_FLOOR's 3.9e-3; tests/workflows/test_diagnose_reference_once.py), while
-    its decode path costs a forward per context token. With `cache`, the reference and the
-    honest band are read from gate's cache when an earlier diagnosis computed them from the
+    The reference is captured once, by one float32 prefill over the context with the logits
+    of every position a candidate's lm_head may bring, and stands for both paths: float32's
+    own decode path differs from its prefill by rounding far below the band's floor (4.6e-6
+    relative at worst on the default model against BAND_FLOOR's 3.9e-3;
+    tests/workflows/test_diagnose_reference_once.py), while its decode path costs a forward
+    per context token. With `cache`, the reference and the honest band are read from gate's
+    cache when an earlier diagnosis computed them from the
     same inputs (gate.workflows.diagnose_cache), and kept there when computed."""
     from gate.workflows import diagnose_cache
 
     clock = timings or Timings()
     named = isinstance(candidate, NamedActivations)
     paths = (target.path,) if named else (target.path, other(target.path))
-    key = None
+    stepped = target.prompt_ids if named else decode_prompt(target, every_step)
+    # lm_head's rows: every position's for named activations (a dump's lm_head has them all);
+    # for an engine's own paths, from the decode path's last prompt position on (its prefill
+    # keeps that row, the prefill path's is the last).
+    logits_from = 0 if named else len(stepped) - 1
+    key, kept = None, None
     if cache:
         with clock.phase("cache"):
-            stepped = target.prompt_ids if named else decode_prompt(target, every_step)
             ids = (target.prompt_ids, target.context_ids)
-            key = diagnose_cache.manifest(model_path, honest_dtype, *ids, sorted(paths), stepped)
+            key = diagnose_cache.manifest(model_path, honest_dtype, *ids, sorted(paths), stepped, logits_from)
             kept = diagnose_cache.read(key) if key is not None else None
-        if kept is not None:
-            return diagnose(
-                target,
-                candidate,
-                lambda p, c, path: _as_path(kept.reference, path),
-                lambda p, c, path: kept.bands[path],
-                margin=margin,
-                engines={"candidate": described, **kept.engines},
-                model=model,
-                notes=(*notes, "the reference and the honest band: from gate's cache (the same weights and context)"),
-                timings=clock,
-                every_step=every_step,
-            )
-    from gate.engines.hf.capture import capture_hf
-
-    once: dict[str, Capture] = {}
-    bands: dict[str, HonestBand] = {}
-
-    def reference(prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> Capture:
-        if "capture" not in once:
-            once["capture"] = capture_hf(ref, prompt_ids, context_ids, PREFILL, all_logits=True)
-        return _as_path(once["capture"], path)
-
-    def honest(prompt_ids: Sequence[int], context_ids: Sequence[int], path: str) -> HonestBand:
-        # Every position's logits on the prefill path too, so lm_head's band covers every
-        # row a candidate may bring (a dump's lm_head has them all).
-        capture = capture_hf(hon, prompt_ids, context_ids, path, all_logits=path == PREFILL)
-        bands[path] = honest_band(reference(prompt_ids, context_ids, path), capture)
-        return bands[path]
-
-    with reference_engines(model_path, honest_dtype=honest_dtype, timings=clock) as (ref, hon):
-        engines = {"reference": _describe(ref), "honest": _describe(hon)}
-        out = diagnose(
-            target,
-            candidate,
-            reference,
-            honest,
-            margin=margin,
-            engines={"candidate": described, **engines},
-            model=model,
-            notes=notes,
-            timings=clock,
-            every_step=every_step,
-        )
-    if key is not None and "capture" in once and set(bands) == set(paths):
+    if kept is not None:
+        reference, bands, engines = kept.reference, dict(kept.bands), dict(kept.engines)
+        notes = (*notes, "the reference and the honest band: from gate's cache (the same weights and context)")
+    else:
+        computed = _reference_and_band(target, model_path, honest_dtype, paths, stepped, logits_from, clock)
+        reference, bands, engines = computed
+    out = diagnose(
+        target,
+        candidate,
+        lambda p, c, path: _as_path(reference, path),
+        lambda p, c, path: bands[path],
+        margin=margin,
+        engines={"candidate": described, **engines},
+        model=model,
+        notes=notes,
+        timings=clock,
+        every_step=every_step,
+    )
+    if kept is None and key is not None:
         with clock.phase("cache"), suppress(OSError):  # a cache that cannot be written is no cache
-            diagnose_cache.write(key, diagnose_cache.Entry(once["capture"], bands, engines))
+            diagnose_cache.write(key, diagnose_cache.Entry(reference, bands, engines))
     return out
+
+
+def load_hf(model_path: str, dtype: str) -> Any:
+    """A reference or honest engine: transformers on `model_path` in `dtype`, no tokenizer."""
+    from gate.engines.hf.engine import HFEngine
+
+    return HFEngine(model_path, tokenizer=False, dtype=dtype)
+
+
+def _reference_and_band(
+    target: Target,
+    model_path: str,
+    honest_dtype: str,
+    paths: Sequence[str],
+    stepped: Sequence[int],
+    logits_from: int,
+    clock: Timings,
+) -> tuple[Capture, dict[str, HonestBand], dict[str, Any]]:
+    """The reference capture (one float32 prefill over the context, standing for both paths),
+    the honest band of each path and the two engines' descriptions, computed from one load
+    of the weights where that is exact: the honest engine captures first, then its weights
+    are widened in place to float32 for the reference (gate.engines.hf.upcast); else the
+    reference is loaded on its own. Neither engine outlives this call."""
+    from gate.engines.hf.capture import capture_hf, capture_hf_shared
+    from gate.engines.hf.upcast import widen, widens_exactly
+
+    context = target.context_ids
+    with clock.phase("load reference and honest"):
+        engine = load_hf(model_path, honest_dtype)
+    try:
+        with clock.phase("honest capture"):
+            if set(paths) == {PREFILL, DECODE}:
+                honest = capture_hf_shared(engine, stepped, context, logits_from=logits_from)
+            else:
+                (path,) = paths
+                prompt = stepped if path == DECODE else target.prompt_ids
+                rows = logits_from if path == PREFILL else None
+                honest = {path: capture_hf(engine, prompt, context, path, logits_from=rows)}
+        honest_engine = _describe(engine)
+        with clock.phase("load reference and honest"):
+            if widens_exactly(engine):
+                widen(engine)
+            else:
+                engine.close()
+                engine = load_hf(model_path, "float32")
+        with clock.phase("reference capture"):
+            reference = capture_hf(engine, target.prompt_ids, context, PREFILL, logits_from=logits_from)
+        engines = {"reference": _describe(engine), "honest": honest_engine}
+    finally:
+        engine.close()
+    with clock.phase("honest capture"):
+        bands = {path: honest_band(_as_path(reference, path), honest.pop(path)) for path in paths}
+    return reference, bands, engines
 
 
 def _as_path(capture: Capture, path: str) -> Capture:

@@ -36,6 +36,7 @@ import orjson
 
 from gate.core.diagnosis.capture import Capture, capture_from_arrays, capture_to_arrays
 from gate.core.diagnosis.locate import HonestBand
+from gate.core.storage.digests import known_sha256
 from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.version import __version__
 
@@ -81,17 +82,19 @@ def manifest(
     context_ids: Sequence[int],
     paths: Sequence[str],
     decode_prompt_ids: Sequence[int] | None = None,
+    logits_from: int = 0,
 ) -> dict[str, Any] | None:
     """The entry's inputs, or None when `model_path` is no local folder (nothing to hash).
     `decode_prompt_ids`: what the decode path prefills before its decode steps (the prompt
-    when not given: a step per context token after it)."""
+    when not given: a step per context token after it); `logits_from`: the first position
+    whose lm_head row the reference and the band hold."""
     folder = Path(model_path)
     if not folder.is_dir():
         return None
     import torch
     import transformers
 
-    files = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    files = {p.name: known_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
     sources = {name: _source_sha256(name) for name in SOURCES}
     return {
         "gate_diagnose_cache": FORMAT,
@@ -103,6 +106,7 @@ def manifest(
         "context_ids": [int(i) for i in context_ids],
         "paths": list(paths),
         "decode_prompt_ids": [int(i) for i in (prompt_ids if decode_prompt_ids is None else decode_prompt_ids)],
+        "logits_from": int(logits_from),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "numpy": np.__version__,

@@ -71,7 +71,7 @@ def test_a_second_diagnosis_reads_the_cache_loads_nothing_and_finds_the_same(
     def no_load(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the reference and the honest engine were loaded on a cache hit")
 
-    monkeypatch.setattr(diagnose, "reference_engines", no_load)
+    monkeypatch.setattr(diagnose, "load_hf", no_load)
     second = diagnosed(HFEngine(str(a)), a)
     assert FROM_CACHE in second.notes
     assert rows(second) == rows(first) == rows(uncached)
@@ -94,8 +94,9 @@ def test_an_entry_is_never_read_for_other_weights_even_put_in_their_place(
     from gate.engines.hf.engine import HFEngine
 
     diagnosed(HFEngine(str(a)), a)
-    key_a = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1])
-    key_b = diagnose_cache.manifest(str(b), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1])
+    rows_from = len(CONTEXT) - 2  # lm_head from the decode path's last prompt position
+    key_a = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1], rows_from)
+    key_b = diagnose_cache.manifest(str(b), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1], rows_from)
     assert key_a is not None and key_b is not None and key_a != key_b
     assert diagnose_cache.read(key_a) is not None and diagnose_cache.read(key_b) is None
     # Model a's entry copied where model b's would lie: its manifest names a's files, so it is no entry of b's.
@@ -125,6 +126,7 @@ def test_any_change_of_an_input_is_another_entry(
         "honest dtype": diagnose_cache.manifest(str(folder), "float16", PROMPT, CONTEXT, paths),
         "paths": diagnose_cache.manifest(str(folder), "bfloat16", PROMPT, CONTEXT, ["prefill"]),
         "decode steps": diagnose_cache.manifest(str(folder), "bfloat16", PROMPT, CONTEXT, paths, CONTEXT[:-1]),
+        "lm_head rows": diagnose_cache.manifest(str(folder), "bfloat16", PROMPT, CONTEXT, paths, None, 3),
     }
     before = torch.get_num_threads()
     torch.set_num_threads(before + 1)
@@ -153,7 +155,8 @@ def test_an_unreadable_entry_is_a_miss_and_is_computed_again(
     monkeypatch.setenv("GATE_DIAGNOSE_CACHE_DIR", str(tmp_path))
     a = models[0]
     first = diagnosed(HFEngine(str(a)), a)
-    key = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, ["decode", "prefill"], CONTEXT[:-1])
+    paths = ["decode", "prefill"]
+    key = diagnose_cache.manifest(str(a), "bfloat16", PROMPT, CONTEXT, paths, CONTEXT[:-1], len(CONTEXT) - 2)
     assert key is not None
     (diagnose_cache.entry_dir(key) / diagnose_cache.REFERENCE).write_bytes(b"not an npz")
     again = diagnosed(HFEngine(str(a)), a)

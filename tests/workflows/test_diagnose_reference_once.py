@@ -26,7 +26,7 @@ def test_float32_decode_path_stays_far_under_the_band_floor_of_its_prefill(llama
 
     with one_thread():
         ref = HFEngine(str(llama_path), dtype="float32")
-        once = capture_hf(ref, PROMPT, CONTEXT, "prefill", all_logits=True)
+        once = capture_hf(ref, PROMPT, CONTEXT, "prefill", logits_from=0)
         decode = capture_hf(ref, PROMPT, CONTEXT, "decode")
     by = once.by_module()
     assert by["lm_head"].positions == tuple(range(len(CONTEXT)))  # every position's logits

@@ -99,7 +99,8 @@ def stack_rows(
         arrays.append(rows)
     if not arrays:
         return (), np.zeros((0, width or 0), dtype=np.float32)
-    return tuple(positions), np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
+    values = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+    return tuple(positions), values.astype(np.float32, copy=False)
 
 
 def aligned(a: Tensor, b: Tensor) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ rows than its forward's tokens (lm_head under `logits_to_keep=1`) holds the last
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from gate.core.diagnosis.capture import (
+    DECODE,
     EMBEDDING,
     FINAL_NORM,
     LM_HEAD,
@@ -104,6 +106,12 @@ class CaptureHooks:
     def begin(self, start: int, tokens: int) -> None:
         self.start, self.tokens = start, tokens
 
+    def take(self, path: str, context_length: int) -> Capture:
+        """The capture of the rows kept so far, which are then dropped (the hooks stay)."""
+        out = self.capture(path, context_length)
+        self.order, self.rows = [], {}
+        return out
+
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
@@ -134,11 +142,18 @@ class CaptureHooks:
 
 
 def capture_hf(
-    engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[int], path: str, *, all_logits: bool = False
+    engine: Any,
+    prompt_ids: Sequence[int],
+    context_ids: Sequence[int],
+    path: str,
+    *,
+    logits_from: int | None = None,
 ) -> Capture:
     """The engine's capture over `context_ids` (which starts with `prompt_ids`) through `path`.
-    With `all_logits`, the prefill path keeps lm_head's rows at every position (the engine's
-    own prefill keeps the last), so one prefill capture can stand for either path."""
+    With `logits_from` N, the prefill path keeps lm_head's rows at every position from N on
+    (0: all; the engine's own prefill keeps the last), so one prefill capture can stand for
+    either path: the decode path's lm_head rows are those of its prefill's last position and
+    its steps."""
     if path not in PATHS:
         raise InputError(f"path {path!r}: expected prefill or decode")
     if list(context_ids[: len(prompt_ids)]) != list(prompt_ids) or not prompt_ids:
@@ -152,11 +167,11 @@ def capture_hf(
     hooks = CaptureHooks(model)
     try:
         with torch.inference_mode():
-            if path == PREFILL and all_logits:
+            if path == PREFILL and logits_from is not None:
                 hooks.begin(0, len(context_ids))
                 ids = torch.tensor([list(context_ids)], dtype=torch.long, device=engine.device)
                 engine._seq = 0
-                engine._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=0)
+                engine._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=_keep(logits_from, len(context_ids)))
             elif path == PREFILL:
                 hooks.begin(0, len(context_ids))
                 engine._prefill(list(context_ids))
@@ -168,6 +183,88 @@ def capture_hf(
                     _, cache = engine._decode(int(context_ids[i]), cache)
     finally:
         hooks.remove()
+    return _with_meta(engine, hooks.capture(path, len(context_ids)))
+
+
+def capture_hf_shared(
+    engine: Any, decode_prompt_ids: Sequence[int], context_ids: Sequence[int], *, logits_from: int = 0
+) -> dict[str, Capture]:
+    """Both paths of an engine that stands for honest arithmetic (gate diagnose's honest
+    engine, never a candidate), from one prefill: the prefill path is a prefill over the
+    context with the logits of every position from `logits_from` on (at most the decode
+    path's last prompt position: its lm_head row is one of them); the decode path's rows before its decode steps are
+    that prefill's rows (lm_head's last one only, as the engine's own prefill keeps), and its
+    decode steps run through that prefill's KV cache cropped to `decode_prompt_ids`. Causal
+    attention makes those rows the same computation as a prefill over `decode_prompt_ids`
+    alone, up to the rounding of a matrix product of other rows: both are honest arithmetic,
+    which is all a band needs. A cache that cannot be cropped exactly (sliding-window or
+    linear-attention layers) gets the decode path's own prefill instead (`capture_hf`)."""
+    k = len(decode_prompt_ids)
+    if list(context_ids[:k]) != list(decode_prompt_ids) or not 0 < k <= len(context_ids):
+        raise InputError("the context must start with the decode path's (non-empty) prompt")
+    if not 0 <= logits_from < k:
+        raise InputError(f"logits_from {logits_from}: the decode path's prompt ends at position {k - 1}")
+    model = getattr(engine, "model", None)
+    if model is None or not hasattr(engine, "_forward") or not hasattr(engine, "_decode"):
+        raise InputError(f"engine {getattr(engine, 'name', '?')!r} is not built on the HF engine: no capture")
+    start_routing = getattr(engine, "_start_routing", None)
+    if start_routing is not None:
+        start_routing(list(decode_prompt_ids))
+    hooks = CaptureHooks(model)
+    try:
+        with torch.inference_mode():
+            hooks.begin(0, len(context_ids))
+            ids = torch.tensor([list(context_ids)], dtype=torch.long, device=engine.device)
+            engine._seq = 0
+            keep = _keep(logits_from, len(context_ids))
+            out = engine._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=keep)
+            cache = out.past_key_values
+            del out
+            full = hooks.take(PREFILL, len(context_ids))
+            if not _croppable(cache):
+                hooks.remove()
+                return {
+                    PREFILL: _with_meta(engine, full),
+                    DECODE: capture_hf(engine, decode_prompt_ids, context_ids, DECODE),
+                }
+            if k < len(context_ids):
+                cache.crop(k - len(context_ids))
+            engine._seq = k
+            for i in range(k, len(context_ids)):
+                hooks.begin(i, 1)
+                _, cache = engine._decode(int(context_ids[i]), cache)
+    finally:
+        hooks.remove()
+    stepped = hooks.take(DECODE, len(context_ids)).by_module()
+    tensors = []
+    for t in full.tensors:
+        first = k - 1 if t.point.part == LM_HEAD else 0
+        # The prefill's rows are its positions 0..n-1 in order (every position's logits).
+        lo, hi = bisect.bisect_left(t.positions, first), bisect.bisect_left(t.positions, k)
+        positions, values = t.positions[lo:hi], t.values[lo:hi]
+        after = stepped.get(t.point.module)
+        if after is not None:
+            positions, values = positions + after.positions, np.concatenate([values, after.values], axis=0)
+        tensors.append(Tensor(t.point, positions, values))
+    decode = Capture(DECODE, len(context_ids), tuple(tensors))
+    return {PREFILL: _with_meta(engine, full), DECODE: _with_meta(engine, decode)}
+
+
+def _keep(logits_from: int, length: int) -> int:
+    """transformers' `logits_to_keep` for the rows from `logits_from` on (0 keeps all)."""
+    return 0 if logits_from <= 0 else max(1, length - logits_from)
+
+
+def _croppable(cache: Any) -> bool:
+    """A cache whose every layer is a full-attention DynamicLayer: cropping it leaves exactly
+    the keys and values of the positions kept."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if type(cache) is not DynamicCache or not cache.layers:
+        return False
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _with_meta(engine: Any, capture: Capture) -> Capture:
     meta = {"engine": getattr(engine, "name", "hf"), "class": type(engine).__name__}
-    out = hooks.capture(path, len(context_ids))
-    return Capture(out.path, out.context_length, out.tensors, meta)
+    return Capture(capture.path, capture.context_length, capture.tensors, meta)

@@ -1,0 +1,113 @@
+"""gate diagnose's reference widened in place from the honest engine's load
+(gate.engines.hf.upcast): bit for bit the float32 load where `widens_exactly` says so, on
+each architecture the tests build, and refused where widening cannot give it (a float32
+checkpoint loaded in bf16, a buffer computed in bf16, headers that cannot be read)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONTEXT = (3, 17, 42, 8, 99, 5, 11, 23)
+
+
+@pytest.fixture(scope="module")
+def threads() -> Iterator[None]:
+    from helpers.tiny_pin import one_thread
+
+    with one_thread():
+        yield
+
+
+def builders() -> dict[str, Callable[[Path], Path]]:
+    from helpers.tiny_models import build_tiny_llama, build_tiny_qwen3_5_moe, build_tiny_qwen3_moe
+
+    return {
+        "llama": lambda f: build_tiny_llama(f, seed=3, lm_head_scale=20.0),
+        "qwen3-moe": lambda f: build_tiny_qwen3_moe(f, seed=3),
+        "qwen3.5-moe-hybrid": lambda f: build_tiny_qwen3_5_moe(f, seed=3),
+    }
+
+
+def engine(folder: Path, dtype: str) -> Any:
+    from gate.engines.hf.engine import HFEngine
+
+    return HFEngine(str(folder), tokenizer=False, dtype=dtype)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-moe", "qwen3.5-moe-hybrid"])
+def test_widening_the_bf16_load_is_the_float32_load_bit_for_bit(
+    tiny_models_dir: Path, threads: None, arch: str
+) -> None:
+    import torch
+
+    from gate.engines.hf.upcast import widen, widens_exactly
+
+    folder = builders()[arch](tiny_models_dir / f"upcast-{arch}")
+    widened, loaded = engine(folder, "bfloat16"), engine(folder, "float32")
+    assert widens_exactly(widened)
+    widen(widened)
+    assert widened.dtype == torch.float32 and widened.options["dtype"] == "float32"
+    a, b = dict(widened.model.state_dict()), dict(loaded.model.state_dict())
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+    for (name, x), (_, y) in zip(widened.model.named_buffers(), loaded.model.named_buffers(), strict=True):
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    ids = torch.tensor([list(CONTEXT)])
+    with torch.inference_mode():
+        la = widened.model(input_ids=ids, logits_to_keep=0).logits
+        lb = loaded.model(input_ids=ids, logits_to_keep=0).logits
+    assert la.dtype == torch.float32 and torch.equal(la, lb)
+
+
+def test_a_float32_checkpoint_loaded_in_bf16_is_not_widened(tiny_models_dir: Path, threads: None) -> None:
+    from helpers.tiny_models import build_tiny_llama
+
+    from gate.engines.hf.upcast import stored_dtypes, widens_exactly
+
+    folder = build_tiny_llama(tiny_models_dir / "upcast-f32", seed=3, dtype="float32")
+    assert stored_dtypes(folder) == {"F32"}
+    assert not widens_exactly(engine(folder, "bfloat16"))
+    assert not widens_exactly(engine(folder, "float32"))  # already float32: nothing to widen
+
+
+def test_a_buffer_held_in_bf16_is_not_widened(tiny_models_dir: Path, threads: None) -> None:
+    import torch
+    from helpers.tiny_models import build_tiny_llama
+
+    from gate.engines.hf.upcast import widens_exactly
+
+    eng = engine(build_tiny_llama(tiny_models_dir / "upcast-llama-b", seed=3), "bfloat16")
+    assert widens_exactly(eng)
+    eng.model.model.rotary_emb.inv_freq = eng.model.model.rotary_emb.inv_freq.to(torch.bfloat16)
+    assert not widens_exactly(eng)
+
+
+def header(tmp_path: Path, name: str, body: bytes, length: int | None = None) -> Path:
+    f = tmp_path / name
+    f.write_bytes(struct.pack("<Q", len(body) if length is None else length) + body)
+    return f
+
+
+def test_stored_dtypes_read_only_well_formed_headers(tmp_path: Path) -> None:
+    from gate.engines.hf.upcast import stored_dtypes
+
+    assert stored_dtypes(tmp_path) is None  # no safetensors files
+    good = b'{"__metadata__": {"format": "pt"}, "a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},'
+    good += b' "b": {"dtype": "I64", "shape": [1], "data_offsets": [4, 12]}}'
+    header(tmp_path, "model.safetensors", good)
+    assert stored_dtypes(tmp_path) == {"BF16"}
+    header(tmp_path, "model-2.safetensors", b'{"c": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}')
+    assert stored_dtypes(tmp_path) == {"BF16", "F32"}
+    for bad in (b"not json", b"[1, 2]", b'{"c": {"shape": [1]}}', b'{"c": 3}'):
+        header(tmp_path, "model-2.safetensors", bad)
+        assert stored_dtypes(tmp_path) is None, bad
+    header(tmp_path, "model-2.safetensors", b"{}", length=1 << 40)
+    assert stored_dtypes(tmp_path) is None
+    (tmp_path / "model-2.safetensors").write_bytes(b"\x01")  # shorter than the length itself
+    assert stored_dtypes(tmp_path) is None
