@@ -170,9 +170,11 @@ class HasScheduleKnobs(Protocol):
 @runtime_checkable
 class ReportsPrefixReuse(Protocol):
     """An engine that counts what its prefix cache served: (requests served with a cached
-    prefix, prompt tokens taken from the cache), both since the engine was built."""
+    prefix, prompt tokens taken from the cache), both since the engine was built; None where
+    it cannot say (a server client whose server does not report it, or sent a count it could
+    not take), which is "does not report", never "served nothing"."""
 
-    def prefix_reuse(self) -> tuple[int, int]: ...
+    def prefix_reuse(self) -> tuple[int, int] | None: ...
 
 
 @runtime_checkable

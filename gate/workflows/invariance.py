@@ -22,8 +22,8 @@ where the engine declares the knob (`HasScheduleKnobs`, `gate.core.engine`):
   An engine that caches whole blocks (`cache_block`) runs the cell with blocks of
   `InvariancePlan.cache_block` tokens, unless its options set them, so that short prompts
   fill a block; its reference is then a cold run with the same blocks, not the baseline.
-  Where the engine counts its reuse (`ReportsPrefixReuse`), the cell notes what the judged
-  run took from the cache (a note: the verdict does not read it).
+  Where the engine counts its reuse (`ReportsPrefixReuse`, and its count is not None), the
+  cell notes what the judged run took from the cache (a note: the verdict does not read it).
 
 Every run is a free run (the forced cells excepted): each schedule's verdict against the pin
 leaves the positions after a prompt's first divergence from the pin unadjudicated, as
@@ -409,7 +409,10 @@ def _reuse(engine: Engine) -> tuple[int, int] | None:
     counts them; None where it does not."""
     if not isinstance(engine, ReportsPrefixReuse):
         return None
-    hits, tokens = engine_call(engine, "prefix_reuse", engine.prefix_reuse)
+    counted = engine_call(engine, "prefix_reuse", engine.prefix_reuse)
+    if counted is None:
+        return None
+    hits, tokens = counted
     return int(hits), int(tokens)
 
 

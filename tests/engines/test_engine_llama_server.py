@@ -103,6 +103,20 @@ def test_forced_decode_follows_the_oracle_not_its_own_picks(engine: LlamaServerE
     assert forced.token_ids[0] == rec.token_ids[0] and forced.token_ids[1] == after.token_ids[0]
 
 
+def test_the_servers_prompt_cache_count_is_the_shared_prefix(engine: LlamaServerEngine) -> None:
+    # One slot: the second prompt finds the first's tokens in it (timings.cache_n).
+    [rec] = engine.generate([PromptInput(id="code", prompt_token_ids=CODE, max_tokens=2)], 0)
+    first = engine.prefix_reuse()
+    longer = (*CODE, 30, 31)
+    engine.generate([PromptInput(id="longer", prompt_token_ids=longer, max_tokens=2)], 0)
+    second = engine.prefix_reuse()
+    assert first is not None and second is not None, "llama-server says what its prompt cache served"
+    held = (*CODE, *rec.token_ids)
+    shared = next(i for i, (a, b) in enumerate(zip((*held, -1), longer, strict=False)) if a != b)
+    assert shared >= len(CODE)
+    assert (second[0] - first[0], second[1] - first[1]) == (1, shared), (first, second)
+
+
 def test_an_existing_server_is_gated_through_base_url(engine: LlamaServerEngine) -> None:
     assert engine.process is not None
     other = LlamaServerEngine(DEFAULT_MODEL, base_url=engine.process.url)

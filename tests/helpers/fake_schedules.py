@@ -17,7 +17,8 @@ schedule knobs declared (`schedule_knobs`, gate.core.engine).
 - `CacheFake`: the honest toy model with a prefix cache of whole `block`-token blocks
   (`prefix_cache`, `cache_block` knobs): a prompt it has served before takes its whole
   blocks short of the last token from the cache, counted as vLLM counts them
-  (`prefix_reuse`); `SilentCacheFake` is the same engine that does not report its reuse.
+  (`prefix_reuse`); `SilentCacheFake` is the same engine that does not report its reuse, and
+  `UncountedCacheFake` the same with `prefix_reuse` answering None (a server that does not say).
 """
 
 from __future__ import annotations
@@ -116,3 +117,8 @@ class SilentCacheFake(FakeEngine):
 class CacheFake(SilentCacheFake):
     def prefix_reuse(self) -> tuple[int, int]:
         return self.reused
+
+
+class UncountedCacheFake(SilentCacheFake):
+    def prefix_reuse(self) -> tuple[int, int] | None:
+        return None

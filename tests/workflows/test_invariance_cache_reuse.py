@@ -69,15 +69,16 @@ def test_the_cells_own_blocks_are_compared_with_a_cold_run_in_the_same_blocks(pi
     assert loads == [{"prefix_cache": "0"}, {"prefix_cache": "0", "block": "32"}, {"prefix_cache": "1", "block": "32"}]
 
 
-def test_an_engine_that_does_not_count_says_so_and_judges_the_same(pins: Path) -> None:
-    silent = cell(pins, "SilentCacheFake", "--engine-opt", "block=2")
+@pytest.mark.parametrize("fake", ["SilentCacheFake", "UncountedCacheFake"])
+def test_an_engine_that_does_not_count_says_so_and_judges_the_same(pins: Path, fake: str) -> None:
+    silent = cell(pins, fake, "--engine-opt", "block=2")
     counted = cell(pins, "CacheFake", "--engine-opt", "block=2")
     assert silent["cache_reuse"] is None
     assert {k: v for k, v in silent.items() if k != "cache_reuse"} == {
         k: v for k, v in counted.items() if k != "cache_reuse"
     }
     for fmt in ("rich", "markdown"):
-        text = " ".join(invariance(pins, "SilentCacheFake", fmt).split())
+        text = " ".join(invariance(pins, fake, fmt).split())
         assert SILENT in text and HIT not in text
 
 

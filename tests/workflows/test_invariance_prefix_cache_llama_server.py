@@ -1,7 +1,9 @@
 """The prefix_cache cell with a real llama-server (slow; scripts/install.sh --llama-server) on
 the default model's Q4_1 GGUF, four prompts of the default pin: the baseline's free runs go
 with `cache_prompt` false, the cell's with it true, and the cell is compared position by
-position."""
+position; the server's own `timings.cache_n` says what the judged run took from the cache:
+one request at a time on one slot, each prompt finds all of itself cached but the last token,
+which the server evaluates again."""
 
 from __future__ import annotations
 
@@ -40,3 +42,9 @@ def test_llama_servers_prompt_cache_is_a_cell_against_its_cold_baseline() -> Non
     assert cell.ran and cell.positions > 0, cell.to_dict()
     assert result.baseline.knobs["prefix_cache"] == "0"
     assert [info["cache_prompt"] for info in seen] == [False, True]
+    # Each prompt right after its own filling request: all of it cached but the last token.
+    tokens = sum(len(r.prompt_token_ids) - 1 for r in pin.trace.records)
+    assert cell.to_dict()["cache_reuse"] == {"requests_hit": 4, "tokens_reused": tokens}
+    assert cell.reuse_note == (
+        f"the engine served {tokens} prompt token(s) from its prefix cache over 4 of the judged run's 4 request(s)"
+    )

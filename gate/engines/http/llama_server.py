@@ -28,6 +28,11 @@ Requests (`POST /completion`):
   slot holds from the previous request); `cache_prompt=false` computes every prompt cold
   (the `prefix_cache` knob of `gate invariance`).
 
+What the prompt cache served: every answer's `timings.cache_n` (prompt tokens taken from the
+slot's cache), summed into `prefix_reuse` (`ReportsPrefixReuse`), which is None, "does not
+report", until an answer has come and for good after one without a count gate can take
+(`gate.engines.http.llama_server_cache`).
+
 Forced decode (`forced=decode`, the default): one request per oracle position, the prompt
 plus the oracle's tokens so far with `n_predict: 1`; the server finds the common prefix in
 its cache and evaluates the one new token, so each position goes through llama.cpp's decode
@@ -51,6 +56,7 @@ from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput,
 from gate.core.storage.files import file_sha256
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_prompt_ids, greedy_record, locate_gguf
+from gate.engines.http.llama_server_cache import PromptCacheCount
 from gate.engines.http.llama_server_process import LlamaServerProcess, find_binary
 from gate.engines.http.openai_http import HttpClient, logprobs_agree
 from gate.engines.http.server import HTTP_OPTIONS, BoundedPool, ServerEngine, check_http_options, connect
@@ -87,8 +93,17 @@ class LlamaServerDialect:
 
     name = "llama.cpp /completion"
 
-    def __init__(self, http: HttpClient, *, retries: int, forced_mode: str, cache_prompt: bool = True) -> None:
+    def __init__(
+        self,
+        http: HttpClient,
+        *,
+        retries: int,
+        forced_mode: str,
+        cache_prompt: bool = True,
+        cache_count: PromptCacheCount | None = None,
+    ) -> None:
         self.http = http
+        self.cache_count = cache_count if cache_count is not None else PromptCacheCount()
         self.cache_prompt = cache_prompt
         self.retries = retries
         self.forced_mode = forced_mode
@@ -206,6 +221,7 @@ class LlamaServerDialect:
             )
         if obj.get("truncated") is True:
             self._fail(prompt_id, "the server truncated the prompt or answer to its context; raise its context size")
+        self.cache_count.add(obj, len(prompt_ids))
         return obj
 
     def _check_settings(self, obj: Mapping[str, Any], prompt_id: str | None) -> None:
@@ -307,6 +323,7 @@ class LlamaServerEngine(ServerEngine):
         self.options = {k: v for k, v in opts.items() if v is not None}
         self.process: LlamaServerProcess | None = None
         self.spawned: dict[str, Any] = {}
+        self.cache_count = PromptCacheCount()
         if opts["base_url"]:
             given = [k for k in SPAWN_OPTIONS if opts[k] is not None]
             if given:
@@ -325,6 +342,7 @@ class LlamaServerEngine(ServerEngine):
                 retries=int(opts["retries"]),
                 forced_mode=opts["forced"],
                 cache_prompt=bool(opts["cache_prompt"]),
+                cache_count=self.cache_count,
             )
         except BaseException:
             self._stop()
@@ -375,6 +393,11 @@ class LlamaServerEngine(ServerEngine):
         out = super().info()
         out.update(model=self.model, options=self.options, started_by_gate=self.process is not None, **self.spawned)
         return out
+
+    def prefix_reuse(self) -> tuple[int, int] | None:
+        """`ReportsPrefixReuse`: (requests answered with a cached prefix, prompt tokens taken
+        from the cache) by the server's own `timings.cache_n`; None where it does not say."""
+        return self.cache_count.total()
 
     def close(self) -> None:
         super().close()
