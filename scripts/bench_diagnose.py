@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -86,11 +87,14 @@ def main() -> None:
             return engine._prefill(ids)
 
     plain()  # warm
-    base_s, base_peak, _ = measured(plain)
-    base_cpu = cpu[-1]
+    # The unit: the median of five plain prefills (one sample moves with the machine's other jobs).
+    samples = [measured(plain) for _ in range(5)]
+    base_s = statistics.median(s for s, _, _ in samples)
+    base_cpu = statistics.median(cpu[-5:])
+    base_peak = max(peak for _, peak, _ in samples)
     print(f"model {DEFAULT_MODEL}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
     print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
-    print(line("plain forward (one prefill):", base_s, base_cpu, base_peak))
+    print(line("plain forward (one prefill, median of 5):", base_s, base_cpu, base_peak))
 
     def one(timings: Timings) -> Any:
         return diagnose_engine(engine, target, engine.model_path, model=pin.model, timings=timings)

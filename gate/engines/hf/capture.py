@@ -239,7 +239,7 @@ def capture_hf_shared(
     tensors = []
     for t in full.tensors:
         first = k - 1 if t.point.part == LM_HEAD else 0
-        # The prefill's rows are its positions 0..n-1 in order (every position's logits).
+        # The prefill's rows are its positions in order, from 0 (lm_head's from `logits_from`).
         lo, hi = bisect.bisect_left(t.positions, first), bisect.bisect_left(t.positions, k)
         positions, values = t.positions[lo:hi], t.values[lo:hi]
         after = stepped.get(t.point.module)
