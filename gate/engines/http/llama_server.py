@@ -53,7 +53,7 @@ from typing import Any, ClassVar, NoReturn
 import orjson
 
 from gate.core.engine import ForcedDecode, ForcedDecodeUnavailable, PromptInput, parse_options
-from gate.core.storage.files import file_sha256
+from gate.core.storage.digests import known_sha256
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_prompt_ids, greedy_record, locate_gguf
 from gate.engines.http.llama_server_cache import PromptCacheCount
@@ -371,7 +371,7 @@ class LlamaServerEngine(ServerEngine):
             binary, args, startup_timeout=float(opts["startup_timeout"] or DEFAULT_STARTUP_S)
         )
         self.process.start()
-        sha = file_sha256(gguf)
+        sha = known_sha256(gguf)
         self.spawned = {
             "binary": str(binary),
             "command": self.process.command,

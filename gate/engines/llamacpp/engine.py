@@ -52,7 +52,7 @@ from llama_cpp import _internals
 
 from gate.core.diagnosis.capture import PREFILL, Capture, activations_of
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
-from gate.core.storage.files import file_sha256
+from gate.core.storage.digests import known_sha256
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform, locate_gguf
 from gate.engines._logits import top_k_pairs
@@ -118,7 +118,7 @@ class LlamaCppEngine:
             not_a_gguf="engine 'llamacpp' runs a GGUF file: {model!r} is not one; "
             "give the file with --engine-opt model_path=FILE.gguf",
         )
-        self.gguf_sha256 = file_sha256(self.gguf)
+        self.gguf_sha256 = known_sha256(self.gguf)
         _check_gguf_header(self.gguf)
 
         if opts["preflight"]:
