@@ -37,6 +37,7 @@ the named arrays as a safetensors file and one JSON line of facts.
 
 from __future__ import annotations
 
+import resource
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -256,6 +257,7 @@ def capture(
         "instructions_logged": len(logged),
         "named": len(arrays),
         "named_in_graph": len(wanted),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
     return arrays, facts
 
