@@ -37,10 +37,14 @@ the named arrays as a safetensors file and one JSON line of facts.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import mmap
+import os
 import resource
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +182,7 @@ def buffer_estimate(graph: Any, n: int) -> int:
 # --------------------------------------------------------------------------- the run (child)
 
 
-def _logged(etdump: bytes, debug: bytes) -> dict[int, list[tuple[tuple[int, ...], str, int]]]:
+def _logged(etdump: bytes) -> dict[int, list[tuple[tuple[int, ...], str, int]]]:
     """Instruction id -> its logged tensors (shape, scalar type, offset in the buffer), in order."""
     from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc
 
@@ -198,6 +202,16 @@ def _logged(etdump: bytes, debug: bytes) -> dict[int, list[tuple[tuple[int, ...]
                 (shape, str(tensor.scalar_type.name), int(tensor.offset))
             )
     return out
+
+
+@contextlib.contextmanager
+def _mapped(fh: Any) -> Iterator[Any]:
+    """The file's bytes, mapped read-only (empty bytes for an empty file)."""
+    if os.fstat(fh.fileno()).st_size == 0:
+        yield b""
+        return
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        yield mapped
 
 
 def capture(
@@ -222,33 +236,36 @@ def capture(
         (record._debug_handle_map or {}).get(METHOD, {}),
         (record._instruction_id_to_num_outs_map or {}).get(METHOD, {}),
     )
+    # name -> (instruction, output index, output count, shape): plain data, so the ETRecord's
+    # programs (a copy of the weights) are freed before the run
+    plan = {name: (*where[node], shape_at(node, n)) for name, node in wanted.items() if node in where}
+    named_in_graph = len(wanted)
+    del record, edge, program_ep, graph, wanted, where
+    gc.collect()
     program = Runtime.get().load_program(
         str(pte), verification=Verification.Minimal, enable_etdump=True, debug_buffer_size=size
     )
     method = program.load_method(METHOD)
     method.execute([torch.tensor([list(ids)], dtype=torch.long), torch.arange(n, dtype=torch.long)])
+    arrays: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
         etdump_file, debug_file = Path(tmp) / "run.etdp", Path(tmp) / "debug.bin"
         program.write_etdump_result_to_file(str(etdump_file), str(debug_file))
-        logged = _logged(etdump_file.read_bytes(), debug_file.read_bytes())
-        buf = debug_file.read_bytes()
-    arrays: dict[str, np.ndarray] = {}
-    for name, node in wanted.items():
-        if node not in where:
-            continue
-        instruction, index, count = where[node]
-        entries = logged.get(instruction, [])
-        if len(entries) < count:
-            continue
-        shape, dtype, offset = entries[len(entries) - count + index]
-        want = shape_at(node, n)
-        if dtype != "FLOAT" or shape != want or not shape or shape[-2 if len(shape) > 1 else 0] != n:
-            continue
-        total = int(np.prod(shape, dtype=np.int64))
-        if offset < 0 or offset + 4 * total > len(buf):
-            continue
-        values = np.frombuffer(buf, dtype="<f4", count=total, offset=offset).astype(np.float32)
-        arrays[name] = values.reshape(n, shape[-1])
+        del method, program  # the runtime's debug buffer
+        logged = _logged(etdump_file.read_bytes())
+        with open(debug_file, "rb") as fh, _mapped(fh) as buf:  # read only the named tensors' pages
+            for name, (instruction, index, count, want) in plan.items():
+                entries = logged.get(instruction, [])
+                if len(entries) < count:
+                    continue
+                shape, dtype, offset = entries[len(entries) - count + index]
+                if dtype != "FLOAT" or shape != want or len(shape) < 2 or shape[-2] != n:
+                    continue
+                total = int(np.prod(shape, dtype=np.int64))
+                if offset < 0 or offset + 4 * total > len(buf):
+                    continue
+                values = np.array(np.frombuffer(buf, dtype="<f4", count=total, offset=offset), dtype=np.float32)
+                arrays[name] = values.reshape(n, shape[-1])
     ends = (o + 4 * int(np.prod(s, dtype=np.int64)) for es in logged.values() for s, _, o in es if o >= 0)
     used = max(ends, default=0)
     facts = {
@@ -256,7 +273,7 @@ def capture(
         "buffer_used_bytes": used,
         "instructions_logged": len(logged),
         "named": len(arrays),
-        "named_in_graph": len(wanted),
+        "named_in_graph": named_in_graph,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
     return arrays, facts
