@@ -158,3 +158,17 @@ def test_a_debug_buffer_too_small_is_one_engine_error_and_gate_goes_on(honest: A
     prompt = PromptInput("p", tuple(ids), 3)
     assert engine.generate([prompt], 0)[0].token_ids == honest.generate([prompt], 0)[0].token_ids
     engine.close()
+
+
+def test_a_buffer_gate_chose_that_runs_out_is_doubled_until_it_holds(honest: Any) -> None:
+    """Without `debug_buffer_mb` a buffer that runs out is doubled (twice at most): 700 kB
+    does not hold the tiny program's 5-token run (about 1.2 MB), twice that does."""
+    from gate.engines.executorch.capture import layer_names, run_capture
+
+    folder = Path(honest.pte).parent
+    ids = [5, 6, 7, 8, 9]
+    arrays, facts = run_capture(
+        folder / PTE_NAME, folder / ETRECORD_NAME, ids, layer_names(LAYERS), first_bytes=700 << 10
+    )
+    assert facts["buffer_bytes"] == 1400 << 10 and facts["buffer_used_bytes"] > 700 << 10
+    assert set(arrays) == SEEN

@@ -46,10 +46,12 @@ def run_capture(
     names: Sequence[str],
     *,
     buffer_mb: int | None = None,
+    first_bytes: int | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The named arrays ([positions, width] float32) of one forward of `pte` over
-    `token_ids` and facts about the run, from a child process."""
-    size: int | None = None if buffer_mb is None else buffer_mb << 20
+    `token_ids` and facts about the run, from a child process. The buffer: `buffer_mb`, as
+    given; else `first_bytes` (None: the child's estimate), doubled when it runs out."""
+    size: int | None = first_bytes if buffer_mb is None else buffer_mb << 20
     for attempt in range(RETRIES + 1):
         done, arrays, facts, said = _child(pte, etrecord, token_ids, names, size)
         if done.returncode == 0:
@@ -61,11 +63,10 @@ def run_capture(
             continue
         how = _death(done.returncode)
         if ran_out:
-            mb = (used or 0) / (1 << 20)
             raise EngineError(
-                f"the ExecuTorch runtime ran out of its {mb:.0f} MB debug buffer logging {pte.name}'s outputs over "
-                f"{len(token_ids)} tokens, and the child process gate ran it in {how}: give a larger one with "
-                "--engine-opt debug_buffer_mb=N"
+                f"the ExecuTorch runtime ran out of its {_size(used or 0)} debug buffer logging {pte.name}'s "
+                f"outputs over {len(token_ids)} tokens, and the child process gate ran it in {how}: give a larger "
+                "one with --engine-opt debug_buffer_mb=N"
             )
         last = said[-1] if said else "no message"
         raise EngineError(f"the ExecuTorch capture of {pte} {how}: {last}")
@@ -101,6 +102,10 @@ def _told_size(said: Sequence[str]) -> int | None:
         if line.startswith("debug buffer: ") and line.endswith(" bytes"):
             return int(line.removeprefix("debug buffer: ").removesuffix(" bytes"))
     return None
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MB" if n >= 1 << 20 else f"{n / (1 << 10):.0f} kB"
 
 
 def _death(code: int) -> str:
