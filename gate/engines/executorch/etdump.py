@@ -223,6 +223,11 @@ def capture(
     from executorch.devtools.etrecord import parse_etrecord
     from executorch.runtime import Runtime, Verification
 
+    # ExecuTorch's LLM operators (`llama.custom_sdpa`, ...), as the engine registers them: a
+    # program built with them needs their kernels, and its ETRecord their schemas.
+    with contextlib.suppress(ImportError, OSError, AssertionError):
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
     record = parse_etrecord(str(etrecord))
     edge = record.edge_dialect_program
     program_ep = edge[METHOD] if isinstance(edge, dict) else edge
