@@ -172,3 +172,19 @@ def test_a_buffer_gate_chose_that_runs_out_is_doubled_until_it_holds(honest: Any
     )
     assert facts["buffer_bytes"] == 1400 << 10 and facts["buffer_used_bytes"] > 700 << 10
     assert set(arrays) == SEEN
+
+
+def test_a_given_programs_etrecord_that_does_not_match_its_manifest_is_refused(
+    honest: Any, llama_path: Path, tmp_path: Path
+) -> None:
+    """A program given with `pte=` is read with the manifest beside it; its ETRecord, which
+    no build check re-hashes there, is checked before the capture trusts its names."""
+    from gate.engines.executorch.engine import ExecuTorchEngine
+
+    folder = _copy_build(honest, tmp_path / "given")
+    with open(folder / ETRECORD_NAME, "ab") as fh:
+        fh.write(b"\0")
+    engine = ExecuTorchEngine(str(llama_path), pte=str(folder / PTE_NAME))
+    with pytest.raises(InputError, match="does not match its sha256"):
+        engine.capture_activations([5, 6, 7])
+    engine.close()

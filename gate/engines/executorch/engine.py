@@ -262,6 +262,10 @@ class ExecuTorchEngine(TokenizerMethods):
                 else f"{self.pte} has no ETRecord of gate's export beside it, {why}: drop --engine-opt pte to run "
                 "gate's own build"
             )
+        listed = ((self.manifest or {}).get("files") or {}).get(self.etrecord.name)
+        if self.options["pte"] is not None and file_sha256(self.etrecord) != listed:
+            # gate's own builds are re-hashed on every use; a given program's folder is not
+            raise InputError(f"{self.etrecord} does not match its sha256 in {self.pte.parent}'s manifest")
         ids = [int(t) for t in context_token_ids]
         check_prompt_ids("context", ids, self.vocab_size)
         if not 0 < len(ids) <= self.max_chunk:
