@@ -233,8 +233,9 @@ def check_capturable(cls: type, name: str) -> None:
     if capture_kind(cls) is None:
         raise InputError(
             f"gate diagnose cannot capture engine {name!r}: it captures hf (and engines built on HFEngine), "
-            "llamacpp, vllm, mlx and any engine with capture_activations; for another engine, write its "
-            "activations to a file (--emit-context, then --candidate-activations: docs/reference/activation-dump.md)"
+            "llamacpp, vllm, mlx, executorch (its layers) and any engine with capture_activations; for another "
+            "engine, write its activations to a file (--emit-context, then --candidate-activations: "
+            "docs/reference/activation-dump.md)"
         )
 
 

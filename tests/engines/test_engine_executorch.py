@@ -179,6 +179,9 @@ def test_the_custom_sdpa_attention_decodes_as_the_masked_one(llama_path: Path, c
     alone = engine.generate([short], TOP_K)[0]
     after = engine.generate([long, short], TOP_K)[1]
     assert after.token_ids == alone.token_ids and after.top_logprobs == alone.top_logprobs
+    # gate diagnose's capture runs this program too: its child registers the LLM operators
+    captured = engine.capture_activations(list(short.prompt_token_ids), ["model.layers.0", "model.layers.1"])
+    assert set(captured) == {"model.layers.0", "model.layers.1"}
     engine.close()
 
 

@@ -1,9 +1,10 @@
 """What ExecuTorch's own ETDump exposes of a program gate exported (scripts/executorch_etdump.py,
 on the tiny Llama): the embedding, each layer's input norm and residual stream, and the
 logits are among the tensors the runtime logs; the attention, the post-attention norm and the
-MLP, computed inside XNNPACK delegate calls, are not (nor, in this tiny program, the final norm). This is why
-`gate diagnose` does not capture the executorch engine (docs/results/engine-executorch.md,
-"Diagnosis"); if a new ExecuTorch logs them, this test fails and the capture can be built."""
+MLP, computed inside XNNPACK delegate calls, are not (nor, in this tiny program, the final
+norm). This is why `gate diagnose` captures the executorch engine at its layers only
+(docs/results/engine-executorch.md, "Diagnosis"); if a new ExecuTorch logs them, this test
+fails and the capture can name the parts too."""
 
 from __future__ import annotations
 

@@ -29,8 +29,13 @@ instead of gate's build; recipe then only labels it), max_seq_len (the KV cache 
 gate's build; default 1024), threads (the runtime's CPU threadpool; default its own choice),
 attention (gate's build: `masked`, the default, or `custom_sdpa`, ExecuTorch's own
 `llama.update_cache` and `llama.custom_sdpa` operators; `gate.engines.executorch.export`).
+debug_buffer_mb (`gate diagnose`'s capture: the ETDump debug buffer; default sized from the
+program's ETRecord, `gate.engines.executorch.capture`).
 A program that calls those operators runs with their kernels, which gate registers by
 importing `executorch.extension.llm.custom_ops` before loading it.
+
+`gate diagnose` captures the program through `capture_activations`: its own ETDump over the
+context, named by the ETRecord gate's export writes beside it (`gate.engines.executorch.etdump`).
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "max_seq_len": (int, 1024),
     "threads": (int, None),
     "attention": (str, "masked"),
+    "debug_buffer_mb": (int, None),
 }
 
 
@@ -108,6 +114,8 @@ class ExecuTorchEngine(TokenizerMethods):
             raise InputError(f"--engine-opt recipe={opts['recipe']}: expected one of {', '.join(RECIPES)}")
         if opts["max_seq_len"] < 2:
             raise InputError(f"--engine-opt max_seq_len={opts['max_seq_len']}: expected an integer of 2 or more")
+        if opts["debug_buffer_mb"] is not None and opts["debug_buffer_mb"] < 1:
+            raise InputError(f"--engine-opt debug_buffer_mb={opts['debug_buffer_mb']}: expected a positive integer")
         if opts["threads"] is not None and opts["threads"] < 1:
             raise InputError(f"--engine-opt threads={opts['threads']}: expected a positive integer")
         attention = str(opts["attention"]).lower()
@@ -131,6 +139,7 @@ class ExecuTorchEngine(TokenizerMethods):
             folder = executorch_program(self.source, recipe, int(opts["max_seq_len"]), attention=attention)
             self.pte, self.manifest = folder / PTE_NAME, read_program_manifest(folder)
             self.pte_sha256 = str((self.manifest or {}).get("pte_sha256") or file_sha256(self.pte))
+        self.etrecord = _etrecord(self.pte, self.manifest)
         if opts["threads"] is not None:
             _set_threads(int(opts["threads"]))
         _register_llm_ops(required=attention == "custom_sdpa" and opts["pte"] is None)
@@ -234,6 +243,45 @@ class ExecuTorchEngine(TokenizerMethods):
             if i + 1 < len(token_ids):
                 logits = self._forward([int(fed)], len(prompt_token_ids) + i)
         return ForcedDecode(token_ids=tuple(chosen), top_logprobs=tops if top_k > 0 else None, mode="decode")
+
+    def capture_activations(
+        self, context_token_ids: Sequence[int], names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """The module outputs the program's own ETDump holds over the context (one forward from
+        position 0), named through the ETRecord gate's export wrote beside it
+        (`gate.engines.executorch.etdump`): the embedding, each layer's input norm and residual
+        stream, the logits; what the XNNPACK delegates keep inside them is left out."""
+        from gate.engines.executorch.capture import layer_names, run_capture
+
+        if self.etrecord is None:
+            why = "which gate diagnose needs to name the tensors the program's ETDump logs"
+            raise InputError(
+                f"{self.pte} was built without an ETRecord, {why}: remove {self.pte.parent} and gate exports it "
+                "again, with one (minutes)"
+                if self.options["pte"] is None
+                else f"{self.pte} has no ETRecord of gate's export beside it, {why}: drop --engine-opt pte to run "
+                "gate's own build"
+            )
+        listed = ((self.manifest or {}).get("files") or {}).get(self.etrecord.name)
+        if self.options["pte"] is not None and file_sha256(self.etrecord) != listed:
+            # gate's own builds are re-hashed on every use; a given program's folder is not
+            raise InputError(f"{self.etrecord} does not match its sha256 in {self.pte.parent}'s manifest")
+        ids = [int(t) for t in context_token_ids]
+        check_prompt_ids("context", ids, self.vocab_size)
+        if not 0 < len(ids) <= self.max_chunk:
+            raise InputError(
+                f"a context of {len(ids)} tokens: the capture runs it in one forward call, which takes 1 to "
+                f"{self.max_chunk} tokens"
+            )
+        wanted = list(names) if names is not None else layer_names(self._layers())
+        arrays, _ = run_capture(self.pte, self.etrecord, ids, wanted, buffer_mb=self.options["debug_buffer_mb"])
+        return {name: arrays[name] for name in wanted if name in arrays}
+
+    def _layers(self) -> int:
+        import orjson
+
+        config = orjson.loads((self.source / "config.json").read_bytes()) if self.source is not None else {}
+        return int(config.get("num_hidden_layers", 0))
 
     def close(self) -> None:
         self.method = None
@@ -345,6 +393,17 @@ def _captured_stderr() -> Iterator[Any]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def _etrecord(pte: Path, manifest: dict[str, Any] | None) -> Path | None:
+    """The ETRecord gate's export wrote beside the program, when its manifest lists it (and so
+    hashed it: the build's check re-hashes every listed file); None for an older build."""
+    name = ((manifest or {}).get("export") or {}).get("etrecord")
+    files = (manifest or {}).get("files") or {}
+    if not isinstance(name, str) or name not in files:
+        return None
+    path = pte.parent / name
+    return path if path.is_file() else None
 
 
 def _source(model: str, *, given_pte: bool) -> Path | None:

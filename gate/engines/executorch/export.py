@@ -26,6 +26,16 @@ two are the same computation in float32 (on the tiny test Llama their logits agr
 about 1e-5); the program of the second needs those operators' kernels in the runtime
 (`executorch.extension.llm.custom_ops`, which the engine imports).
 
+The export also writes an ETRecord beside the program (`ETRECORD_NAME`, ExecuTorch's
+`to_edge_transform_and_lower(..., generate_etrecord=True)`, then the program manager's
+`get_etrecord().save(...)`): the edge program before lowering (each node's debug handle and
+`nn_module_stack`), which instructions run which nodes (`debug_handle_map`) and how many
+outputs each instruction has. It changes nothing the program computes (the tiny test Llama's
+`.pte` is byte-identical with and without it); `gate diagnose` reads it to name the tensors
+the program's ETDump logs (`gate.engines.executorch.etdump`). The ATen program ExecuTorch
+also puts in it is left out: nothing gate reads needs it, and it is a second copy of the
+weights.
+
 The program also carries the constant methods ExecuTorch's LLM runner reads
 (`get_max_seq_len`, `get_vocab_size`, `use_kv_cache`, `get_eos_ids`, ...), so gate can run
 a `.pte` it did not build.
@@ -47,6 +57,7 @@ ATTENTIONS = ("masked", "custom_sdpa")
 # 576, the default model's hidden size, is a multiple of 32 but not of 128.
 GROUP_SIZE = 32
 BACKEND = "XNNPACK"
+ETRECORD_NAME = "etrecord.bin"
 EXAMPLE_PREFILL = 4  # the example sequence length torch.export traces with (the dim stays dynamic)
 
 
@@ -100,6 +111,7 @@ def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int, attention
         partitioner=[XnnpackPartitioner()],
         compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
         constant_methods=constants,
+        generate_etrecord=True,
     )
     delegated = _delegation(edge)
     et_program = edge.to_executorch(
@@ -110,6 +122,9 @@ def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int, attention
         )
     )
     out.write_bytes(et_program.buffer)
+    etrecord = et_program.get_etrecord()
+    etrecord.exported_program = None  # the ATen program: a second copy of the weights, never read
+    etrecord.save(str(out.with_name(ETRECORD_NAME)))
     return {
         "recipe": recipe,
         "attention": attention,
@@ -119,6 +134,7 @@ def export_pte(source: Path, out: Path, recipe: str, max_seq_len: int, attention
         "backend": BACKEND,
         "group_size": GROUP_SIZE if recipe == "8da4w" else None,
         "delegated_ops": delegated,
+        "etrecord": ETRECORD_NAME,
         "export_seconds": round(exported_s, 1),
         "total_seconds": round(time.monotonic() - started, 1),
     }
