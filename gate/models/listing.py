@@ -4,7 +4,9 @@ Both digests are the sha256 of a `sha256sum`-style listing: one line per file,
 `<hex sha256>  <name>\\n`, lines sorted by name. So the digest of a folder can be checked
 by hand with `sha256sum NAMES | sort -k2 | sha256sum`, and adding, removing or renaming a
 file changes it as surely as changing a byte. Files are read in 1 MiB chunks: a 70 GB
-checkpoint hashes in constant memory.
+checkpoint hashes in constant memory; each file's digest is kept in gate's cache while `stat`
+says it is the file hashed (gate.core.storage.digests), so a build's check on every use does
+not read its weights again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gate.core.storage.files import file_sha256
+from gate.core.storage.digests import known_sha256
 
 CHUNK = 1 << 20
 
@@ -43,7 +45,7 @@ TOKENIZER_FILES: tuple[str, ...] = (
 
 def listing_sha256(folder: Path, names: Iterable[str]) -> tuple[str, dict[str, str]]:
     """(digest of the listing, {name: file sha256}) for `names` inside `folder`."""
-    per_file = {name: file_sha256(folder / name) for name in sorted(set(names))}
+    per_file = {name: known_sha256(folder / name) for name in sorted(set(names))}
     listing = "".join(f"{sha}  {name}\n" for name, sha in per_file.items())
     return hashlib.sha256(listing.encode("utf-8")).hexdigest(), per_file
 
@@ -85,6 +87,6 @@ def check_listed_files(folder: Path, name: str, manifest: dict[str, Any]) -> str
         path = folder / fname
         if not path.is_file():
             return f"{fname} is missing"
-        if file_sha256(path) != expected:
+        if known_sha256(path) != expected:
             return f"{fname} does not match its sha256"
     return None

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
-from gate.core.storage.files import file_sha256
+from gate.core.storage.digests import known_sha256
 from gate.core.traces.trace import PromptRecord
 from gate.engines._common import (
     Pairs,
@@ -129,7 +129,7 @@ class ExecuTorchEngine(TokenizerMethods):
             self.pte = Path(str(opts["pte"])).expanduser()
             if not self.pte.is_file():
                 raise InputError(f"--engine-opt pte={opts['pte']}: no such file")
-            self.pte_sha256 = file_sha256(self.pte)
+            self.pte_sha256 = known_sha256(self.pte)
             # A manifest beside it describes it only if it names this very file.
             manifest = read_program_manifest(self.pte.parent) if self.pte.name == PTE_NAME else None
             self.manifest = manifest if (manifest or {}).get("pte_sha256") == self.pte_sha256 else None
@@ -138,7 +138,7 @@ class ExecuTorchEngine(TokenizerMethods):
             assert self.source is not None  # _source raises rather than return None here
             folder = executorch_program(self.source, recipe, int(opts["max_seq_len"]), attention=attention)
             self.pte, self.manifest = folder / PTE_NAME, read_program_manifest(folder)
-            self.pte_sha256 = str((self.manifest or {}).get("pte_sha256") or file_sha256(self.pte))
+            self.pte_sha256 = str((self.manifest or {}).get("pte_sha256") or known_sha256(self.pte))
         self.etrecord = _etrecord(self.pte, self.manifest)
         if opts["threads"] is not None:
             _set_threads(int(opts["threads"]))
@@ -263,8 +263,8 @@ class ExecuTorchEngine(TokenizerMethods):
                 "gate's own build"
             )
         listed = ((self.manifest or {}).get("files") or {}).get(self.etrecord.name)
-        if self.options["pte"] is not None and file_sha256(self.etrecord) != listed:
-            # gate's own builds are re-hashed on every use; a given program's folder is not
+        if self.options["pte"] is not None and known_sha256(self.etrecord) != listed:
+            # gate's own builds are checked against their manifest on every use; a given program's folder is not
             raise InputError(f"{self.etrecord} does not match its sha256 in {self.pte.parent}'s manifest")
         ids = [int(t) for t in context_token_ids]
         check_prompt_ids("context", ids, self.vocab_size)
