@@ -337,8 +337,8 @@ def diagnose_candidate(
     relative at worst on the default model against BAND_FLOOR's 3.9e-3;
     tests/workflows/test_diagnose_reference_once.py), while its decode path costs a forward
     per context token. With `cache`, the reference and the honest band are read from gate's
-    cache when an earlier diagnosis computed them from the
-    same inputs (gate.workflows.diagnose_cache), and kept there when computed."""
+    cache when an earlier diagnosis computed them from the same inputs
+    (gate.workflows.diagnose_cache), and kept there when computed."""
     from gate.workflows import diagnose_cache
 
     clock = timings or Timings()

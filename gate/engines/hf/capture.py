@@ -158,13 +158,7 @@ def capture_hf(
         raise InputError(f"path {path!r}: expected prefill or decode")
     if list(context_ids[: len(prompt_ids)]) != list(prompt_ids) or not prompt_ids:
         raise InputError("the context must start with the (non-empty) prompt")
-    model = getattr(engine, "model", None)
-    if model is None or not hasattr(engine, "_prefill") or not hasattr(engine, "_decode"):
-        raise InputError(f"engine {getattr(engine, 'name', '?')!r} is not built on the HF engine: no capture")
-    start_routing = getattr(engine, "_start_routing", None)
-    if start_routing is not None:  # this prompt's routing state (the oracle's experts under routing=oracle)
-        start_routing(list(prompt_ids))
-    hooks = CaptureHooks(model)
+    hooks = CaptureHooks(_begin_prompt(engine, prompt_ids))
     try:
         with torch.inference_mode():
             if path == PREFILL and logits_from is not None:
@@ -192,9 +186,10 @@ def capture_hf_shared(
     """Both paths of an engine that stands for honest arithmetic (gate diagnose's honest
     engine, never a candidate), from one prefill: the prefill path is a prefill over the
     context with the logits of every position from `logits_from` on (at most the decode
-    path's last prompt position: its lm_head row is one of them); the decode path's rows before its decode steps are
-    that prefill's rows (lm_head's last one only, as the engine's own prefill keeps), and its
-    decode steps run through that prefill's KV cache cropped to `decode_prompt_ids`. Causal
+    path's last prompt position: its lm_head row is one of them); the decode path's rows
+    before its decode steps are that prefill's rows (lm_head's last one only, as the
+    engine's own prefill keeps), and its decode steps run through that prefill's KV cache
+    cropped to `decode_prompt_ids`. Causal
     attention makes those rows the same computation as a prefill over `decode_prompt_ids`
     alone, up to the rounding of a matrix product of other rows: both are honest arithmetic,
     which is all a band needs. A cache that cannot be cropped exactly (sliding-window or
@@ -204,13 +199,7 @@ def capture_hf_shared(
         raise InputError("the context must start with the decode path's (non-empty) prompt")
     if not 0 <= logits_from < k:
         raise InputError(f"logits_from {logits_from}: the decode path's prompt ends at position {k - 1}")
-    model = getattr(engine, "model", None)
-    if model is None or not hasattr(engine, "_forward") or not hasattr(engine, "_decode"):
-        raise InputError(f"engine {getattr(engine, 'name', '?')!r} is not built on the HF engine: no capture")
-    start_routing = getattr(engine, "_start_routing", None)
-    if start_routing is not None:
-        start_routing(list(decode_prompt_ids))
-    hooks = CaptureHooks(model)
+    hooks = CaptureHooks(_begin_prompt(engine, decode_prompt_ids))
     try:
         with torch.inference_mode():
             hooks.begin(0, len(context_ids))
@@ -248,6 +237,18 @@ def capture_hf_shared(
         tensors.append(Tensor(t.point, positions, values))
     decode = Capture(DECODE, len(context_ids), tuple(tensors))
     return {PREFILL: _with_meta(engine, full), DECODE: _with_meta(engine, decode)}
+
+
+def _begin_prompt(engine: Any, prompt_ids: Sequence[int]) -> Any:
+    """The engine's model, its routing state set for this prompt (the oracle's experts under
+    routing=oracle); an engine not built on the HF engine has no capture."""
+    model = getattr(engine, "model", None)
+    if model is None or not all(hasattr(engine, m) for m in ("_prefill", "_decode", "_forward")):
+        raise InputError(f"engine {getattr(engine, 'name', '?')!r} is not built on the HF engine: no capture")
+    start_routing = getattr(engine, "_start_routing", None)
+    if start_routing is not None:
+        start_routing(list(prompt_ids))
+    return model
 
 
 def _keep(logits_from: int, length: int) -> int:
