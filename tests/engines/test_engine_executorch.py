@@ -27,8 +27,8 @@ TEXTS = ("import numpy as np", "The capital of France is", "1, 2, 3, 4,", "<|im_
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("gate-cache")
+def cache_dir(executorch_cache_dir: Path) -> Path:
+    return executorch_cache_dir
 
 
 @pytest.fixture(scope="module")

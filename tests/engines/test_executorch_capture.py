@@ -40,8 +40,8 @@ SEEN = {"model.embed_tokens", "lm_head"} | {
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("gate-cache-capture")
+def cache_dir(executorch_cache_dir: Path) -> Path:
+    return executorch_cache_dir
 
 
 @pytest.fixture(scope="module")

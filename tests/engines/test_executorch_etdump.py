@@ -31,11 +31,11 @@ def script() -> ModuleType:
 
 
 def test_the_etdump_holds_each_layers_residual_stream_but_not_its_parts(
-    llama_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    llama_path: Path, executorch_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gate.engines.executorch.engine import ExecuTorchEngine
 
-    monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GATE_CACHE_DIR", str(executorch_cache_dir))
     engine = ExecuTorchEngine(str(llama_path), max_seq_len=64)
     pte = engine.pte
     engine.close()
