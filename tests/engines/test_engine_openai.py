@@ -31,12 +31,6 @@ from gate.errors import EngineError, InputError
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
 def fake_engine(url: str, **opts: str) -> OpenAIEngine:
     return OpenAIEngine("fake/model", base_url=url, **opts)
 

@@ -9,13 +9,13 @@ import socket
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from helpers.fake_openai_server import FakeOpenAIServer, Reply, write_fake_pin
+from helpers.fake_openai_server import no_retry_engine as engine
 from helpers.gate_cli import invoke
 
 from gate.core.engine import PromptInput
@@ -26,18 +26,6 @@ from gate.engines.http.server import HTTP_OPTIONS, connect
 from gate.errors import EngineError, InputError
 
 PROMPT = PromptInput("p0", (11, 12, 13), 4)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-def engine(url: str, **opts: str) -> OpenAIEngine:
-    base = {"model": "fake/model", "retries": "0", "backoff": "0.01", "timeout": "5", "concurrency": "1"}
-    base.update(opts)
-    return OpenAIEngine("fake/model", base_url=url, **base)
 
 
 def engine_error(eng: OpenAIEngine, top_k: int = 3) -> str:

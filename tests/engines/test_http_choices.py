@@ -6,30 +6,17 @@ Against the fake server on 127.0.0.1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-from helpers.fake_openai_server import FakeOpenAIServer, Reply
+from helpers.fake_openai_server import FakeOpenAIServer, Reply, no_retry_engine
 
 from gate.core.engine import PromptInput
-from gate.engines.http.openai import OpenAIEngine
 from gate.engines.http.openai_http import only_choice
 from gate.errors import EngineError
 
 PROMPT = PromptInput("p0", (11, 12, 13), 4)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-def _engine(url: str) -> OpenAIEngine:
-    opts = {"model": "fake/model", "retries": "0", "backoff": "0.01", "timeout": "5", "concurrency": "1"}
-    return OpenAIEngine("fake/model", base_url=url, **opts)
 
 
 def _honest(server: FakeOpenAIServer) -> dict[str, Any]:
@@ -56,7 +43,7 @@ def _bent(obj: dict[str, Any], how: str) -> dict[str, Any]:
 def test_an_answer_that_is_not_one_choice_for_index_0_is_refused(server: FakeOpenAIServer, how: str) -> None:
     server.queue(Reply(body=orjson.dumps(_bent(_honest(server), how))))
     with pytest.raises(EngineError) as info:
-        _engine(server.url).generate([PROMPT], 3)
+        no_retry_engine(server.url).generate([PROMPT], 3)
     msg = str(info.value)
     assert info.value.exit_code == 3 and "\n" not in msg and "(prompt 'p0')" in msg
     assert "choice" in msg
@@ -66,7 +53,7 @@ def test_one_choice_for_index_0_or_without_an_index_is_read(server: FakeOpenAISe
     obj = _honest(server)
     del obj["choices"][0]["index"]
     server.queue(Reply(body=orjson.dumps(obj)))
-    (rec,) = _engine(server.url).generate([PROMPT], 3)
+    (rec,) = no_retry_engine(server.url).generate([PROMPT], 3)
     assert rec.token_ids == tuple(server.model.greedy(PROMPT.prompt_token_ids, 4))
     assert only_choice([{"index": 0}]) == {"index": 0} and only_choice([{}]) == {}
 

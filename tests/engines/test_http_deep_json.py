@@ -5,28 +5,14 @@ Against the fake server on 127.0.0.1 (no real server sends such an answer)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import orjson
 import pytest
-from helpers.fake_openai_server import FakeOpenAIServer, Reply
+from helpers.fake_openai_server import FakeOpenAIServer, Reply, no_retry_engine
 
 from gate.core.engine import PromptInput
-from gate.engines.http.openai import OpenAIEngine
 from gate.errors import EngineError
 
 PROMPT = PromptInput("p0", (11, 12, 13), 4)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-def _engine(url: str) -> OpenAIEngine:
-    opts = {"model": "fake/model", "retries": "0", "backoff": "0.01", "timeout": "5", "concurrency": "1"}
-    return OpenAIEngine("fake/model", base_url=url, **opts)
 
 
 def _honest(server: FakeOpenAIServer) -> bytes:
@@ -43,12 +29,12 @@ def test_an_answer_nested_too_deep_is_an_engine_failure(server: FakeOpenAIServer
     extra = b'"x":1,"x":2,' if dup else b""
     server.queue(Reply(body=_honest(server)[:-1] + b"," + extra + b'"deep":' + deep + b"}"))
     with pytest.raises(EngineError) as info:
-        _engine(server.url).generate([PROMPT], 3)
+        no_retry_engine(server.url).generate([PROMPT], 3)
     msg = str(info.value)
     assert info.value.exit_code == 3 and "\n" not in msg
     assert f"{server.url}/v1/completions (prompt 'p0')" in msg and "nested" in msg
 
 
 def test_an_honest_answer_still_passes(server: FakeOpenAIServer) -> None:
-    (rec,) = _engine(server.url).generate([PROMPT], 3)
+    (rec,) = no_retry_engine(server.url).generate([PROMPT], 3)
     assert rec.token_ids == tuple(server.model.greedy(PROMPT.prompt_token_ids, 4))

@@ -21,12 +21,6 @@ ABSENT = object()
 
 
 @pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def engine(server: FakeOpenAIServer) -> Iterator[LlamaServerEngine]:
     eng = LlamaServerEngine("fake/model", base_url=server.url, retries="0", timeout="5")
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,6 @@ PROMPTS = [PromptInput("p0", (11, 12, 13), 4), PromptInput("p1", (21, 22), 4)]
 def key(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(KEY_ENV, KEY)
     return KEY
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
 
 
 def engine(url: str, **opts: str) -> OpenAIEngine:

@@ -326,6 +326,14 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def no_retry_engine(url: str, **opts: str) -> Any:
+    """gate's OpenAI engine on a fake server: no retries, short waits, one request at a time."""
+    from gate.engines.http.openai import OpenAIEngine
+
+    base = {"model": "fake/model", "retries": "0", "backoff": "0.01", "timeout": "5", "concurrency": "1"}
+    return OpenAIEngine("fake/model", base_url=url, **{**base, **opts})
+
+
 def serve(**kwargs: Any) -> Iterator[FakeOpenAIServer]:
     """For fixtures: `yield from serve(...)`."""
     srv = FakeOpenAIServer(**kwargs).start()
