@@ -179,27 +179,22 @@ def cut_free_run(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
 def forced_from_free(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
     """A forced prompt's lists replaced by its free run's, position by position (where the
     free run has one): one field's values put in another's place."""
-
-    def change(rec: PromptRecord) -> PromptRecord:
-        free, forced = _lists(rec, FREE), _lists(rec, FORCED)
-        if free is None or forced is None:
-            return rec
-        return _with_lists(rec, FORCED, [free[i] if i < len(free) else pos for i, pos in enumerate(forced)])
-
-    return _records(trace, rng, change)
+    return _records(trace, rng, lambda rec: _lists_from(rec, FREE, FORCED))
 
 
 def free_from_forced(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
     """A free run's lists replaced by its forced decode's (the lists the teacher-forced pass
     saw), position by position."""
+    return _records(trace, rng, lambda rec: _lists_from(rec, FORCED, FREE))
 
-    def change(rec: PromptRecord) -> PromptRecord:
-        free, forced = _lists(rec, FREE), _lists(rec, FORCED)
-        if free is None or forced is None:
-            return rec
-        return _with_lists(rec, FREE, [forced[i] if i < len(forced) else pos for i, pos in enumerate(free)])
 
-    return _records(trace, rng, change)
+def _lists_from(rec: PromptRecord, source: str, target: str) -> PromptRecord:
+    """`rec` with `target`'s lists replaced by `source`'s, position by position (where
+    `source` has one)."""
+    given, kept = _lists(rec, source), _lists(rec, target)
+    if given is None or kept is None:
+        return rec
+    return _with_lists(rec, target, [given[i] if i < len(given) else pos for i, pos in enumerate(kept)])
 
 
 def top_k_from_lists(trace: Trace, oracle: Trace, rng: random.Random) -> Trace:
