@@ -21,7 +21,7 @@ def main() -> None:
     from gate.core.diagnosis.metric import MARGIN
     from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL, resolve_model_path
-    from gate.workflows.diagnose import Timings, _as_path, _reference_and_band, decode_prompt, target_given
+    from gate.workflows.diagnose import Timings, as_path, decode_prompt, reference_and_band, target_given
     from gate.workflows.diagnose_variants import HONEST_VARIANTS, capture_in_subprocess
 
     parser = argparse.ArgumentParser()
@@ -37,11 +37,11 @@ def main() -> None:
         t = target_given(pin, rec.id, min(args.position, len(rec.token_ids) - 1))
         # The reference and band exactly as `gate diagnose` makes them for an engine's own paths.
         stepped = decode_prompt(t)
-        ref, bands, _ = _reference_and_band(t, path, "bfloat16", paths, stepped, len(stepped) - 1, Timings())
+        ref, bands, _ = reference_and_band(t, path, "bfloat16", paths, stepped, len(stepped) - 1, Timings())
         for name, (env, opts) in HONEST_VARIANTS.items():
             got = capture_in_subprocess(path, opts, env, stepped, t.context_ids, paths)
             for p, cand in got.items():
-                f = compare_path(_as_path(ref, p), bands[p], cand)
+                f = compare_path(as_path(ref, p), bands[p], cand)
                 w = max(f.layers, key=lambda e: e.ratio)
                 overall = max(overall, w.ratio)
                 where = "none" if f.first is None else f"{f.first.layer} {f.first.part}"

@@ -359,12 +359,12 @@ def diagnose_candidate(
         reference, bands, engines = kept.reference, dict(kept.bands), dict(kept.engines)
         notes = (*notes, "the reference and the honest band: from gate's cache (the same weights and context)")
     else:
-        computed = _reference_and_band(target, model_path, honest_dtype, paths, stepped, logits_from, clock)
+        computed = reference_and_band(target, model_path, honest_dtype, paths, stepped, logits_from, clock)
         reference, bands, engines = computed
     out = diagnose(
         target,
         candidate,
-        lambda p, c, path: _as_path(reference, path),
+        lambda p, c, path: as_path(reference, path),
         lambda p, c, path: bands[path],
         margin=margin,
         engines={"candidate": described, **engines},
@@ -386,7 +386,7 @@ def load_hf(model_path: str, dtype: str) -> Any:
     return HFEngine(model_path, tokenizer=False, dtype=dtype)
 
 
-def _reference_and_band(
+def reference_and_band(
     target: Target,
     model_path: str,
     honest_dtype: str,
@@ -428,11 +428,12 @@ def _reference_and_band(
     finally:
         engine.close()
     with clock.phase("honest capture"):
-        bands = {path: honest_band(_as_path(reference, path), honest.pop(path)) for path in paths}
+        bands = {path: honest_band(as_path(reference, path), honest.pop(path)) for path in paths}
     return reference, bands, engines
 
 
-def _as_path(capture: Capture, path: str) -> Capture:
+def as_path(capture: Capture, path: str) -> Capture:
+    """The capture said to be of `path` (the reference's one prefill stands for both)."""
     return Capture(path, capture.context_length, capture.tensors, capture.meta)
 
 
