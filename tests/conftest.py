@@ -42,6 +42,13 @@ def eos_model_path(tiny_models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def executorch_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One gate cache for the ExecuTorch tests: the tiny Llama's programs are exported once
+    for the session (each test that changes a build changes a copy)."""
+    return tmp_path_factory.mktemp("gate-cache-executorch")
+
+
+@pytest.fixture(scope="session")
 def llama_path(tiny_models_dir: Path) -> Path:
     """Tiny random Llama with lm_head scaled x20, so top-2 gaps look like a trained model's."""
     pytest.importorskip("transformers")

@@ -26,14 +26,21 @@ TOP_K = 5
 TEXTS = ("import numpy as np", "The capital of France is", "1, 2, 3, 4,", "<|im_start|>user\nhi")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cache_dir(executorch_cache_dir: Path) -> Path:
     return executorch_cache_dir
 
 
-@pytest.fixture
-def tiny(tiny_executorch: Any) -> Any:
-    return tiny_executorch
+@pytest.fixture(scope="module")
+def tiny(llama_path: Path, cache_dir: Path) -> Iterator[Any]:
+    """The tiny Llama (lm_head x20: clear margins) exported to fp32 once for the module."""
+    from gate.engines.executorch.engine import ExecuTorchEngine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GATE_CACHE_DIR", str(cache_dir))
+        engine = ExecuTorchEngine(str(llama_path), max_seq_len=64)
+        yield engine
+    engine.close()
 
 
 @pytest.fixture(scope="module")

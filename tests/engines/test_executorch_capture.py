@@ -10,6 +10,7 @@ gate's, and is one EngineError line."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,20 @@ SEEN = {"model.embed_tokens", "lm_head"} | {
 }
 
 
-@pytest.fixture
-def honest(tiny_executorch: Any) -> Any:
-    return tiny_executorch
+@pytest.fixture(scope="module")
+def cache_dir(executorch_cache_dir: Path) -> Path:
+    return executorch_cache_dir
+
+
+@pytest.fixture(scope="module")
+def honest(llama_path: Path, cache_dir: Path) -> Iterator[Any]:
+    from gate.engines.executorch.engine import ExecuTorchEngine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GATE_CACHE_DIR", str(cache_dir))
+        engine = ExecuTorchEngine(str(llama_path), max_seq_len=64)
+    yield engine
+    engine.close()
 
 
 def _target(engine: Any) -> Target:
