@@ -37,7 +37,6 @@ REPORT_JUNIT = "gate-report.xml"
 CANDIDATE_TRACE = "gate-candidate.jsonl"
 DIFF_JSON = "gate-diff.json"
 DIFF_MARKDOWN = "gate-diff.md"
-REPORT = "gate JSON report"
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
 
@@ -198,15 +197,12 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def _diff(baseline: Path, new: Path, folder: Path, outputs: dict[str, object], env: Mapping[str, str]) -> int:
     """The diff of this run against the baseline: its reports, summary and outputs; its exit code."""
     from gate.core.storage.atomic import atomic_write
-    from gate.core.storage.json_file import read_json
-    from gate.core.verdict.diff import diff_reports, parse_report
+    from gate.core.verdict.diff import diff_reports
     from gate.reports import render
+    from gate.workflows.diff import read_report
 
     try:
-        diff = diff_reports(
-            parse_report(read_json(baseline, what=REPORT), str(baseline)),
-            parse_report(read_json(new, what=REPORT), str(new)),
-        )
+        diff = diff_reports(read_report(baseline), read_report(new))
     except InputError as exc:
         print(f"::error::gate diff: {exc}", file=sys.stderr)
         outputs["diff-exit"] = exc.exit_code

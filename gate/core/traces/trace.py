@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from gate.core.storage.atomic import atomic_write
-from gate.core.storage.json_shape import MAX_JSON_DEPTH, keys_and_depth, shown
+from gate.core.storage.json_shape import MAX_JSON_DEPTH, keys_and_depth, parse_cost, shown
 from gate.core.traces.header_fields import check_header_fields
 from gate.core.traces.moe import (
     FORCED_ROUTED_EXPERTS,
@@ -437,7 +437,7 @@ def _compacted(top: Any) -> int:
 
 
 def _line_cost(raw: bytes) -> int:
-    return 64 * raw.count(b"[") + 232 * raw.count(b"{") + 32 * raw.count(b",")
+    return parse_cost(raw)
 
 
 def _loads(name: str, lineno: int, raw: bytes) -> Any:
