@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import stat
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -322,13 +323,17 @@ def _read_trace(name: str, role: str | None) -> Trace:
                 "for a whole trace)"
             )
             raise TraceError(name, lineno, None, why)
-        obj = _loads(name, lineno, raw)
         if header is None:
-            _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj))
-            header = _parse_header(name, lineno, obj)
+            try:
+                obj = _loads(name, lineno, raw)
+                _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj))
+                header = _parse_header(name, lineno, obj)
+            except TraceError as exc:
+                raise _report_instead(name, exc) from None
             if role is not None and header.role != role:
                 raise TraceError(name, lineno, "role", f"expected {_article(role)} {role} trace, found {header.role!r}")
             continue
+        obj = _loads(name, lineno, raw)
         if type(obj) is dict:
             _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj, skip=_FLAT_FIELDS))
         rec = _parse_record(name, lineno, obj, header)
@@ -341,6 +346,27 @@ def _read_trace(name: str, role: str | None) -> Trace:
     if header is None:
         raise TraceError(name, None, None, "empty file: a trace needs a header line")
     return Trace(header=header, records=tuple(records), path=name)
+
+
+# A gate JSON report opens with its `gate_report` key, written first (pretty or compact).
+_REPORT_START = re.compile(rb'\A\s*\{\s*"gate_report"\s*:')
+REPORT_NOT_TRACE = (
+    "is a gate JSON report (`gate_report`), not a trace (JSON Lines whose first line is a `gate_trace` "
+    "header): `gate run --candidate-trace` and `gate compare` read traces; `gate diff BASE NEW` compares two reports"
+)
+
+
+def _report_instead(name: str, exc: TraceError) -> TraceError:
+    """The error for a file whose first line is no trace header: a JSON report given where
+    a trace goes is named for what it is (a regular file only: a pipe is not read twice)."""
+    try:
+        if not stat.S_ISREG(os.stat(name).st_mode):
+            return exc
+        with open(name, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return exc
+    return TraceError(name, None, None, REPORT_NOT_TRACE) if _REPORT_START.match(head) else exc
 
 
 def _article(word: str) -> str:

@@ -27,6 +27,10 @@ _DOCTRINE_IGNORED = frozenset({"strict"})
 
 CLASS_WORDS = {"exact_tie": "exact tie", "near_tie": "near tie", "defect": "defect"}
 VERDICTS = (STRICT_PASS, RATIFIED_PASS, FAIL)
+TRACE_NOT_REPORT = (
+    "is a gate trace (JSON Lines whose first line is a `gate_trace` header), not a JSON report: `gate diff` "
+    "compares two runs' reports (`gate run --format json`); `gate compare ORACLE CANDIDATE` judges traces"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +316,8 @@ def parse_report(raw: Any, path: str) -> RunReport:
 
     if not isinstance(raw, Mapping):
         raise InputError(f"{path}: not a gate JSON report (expected an object, found {type(raw).__name__})")
+    if "gate_trace" in raw and "gate_report" not in raw:
+        raise InputError(f"{path}: {TRACE_NOT_REPORT}")
     if raw.get("gate_report") != 1:
         raise InputError(
             f"{path}: field 'gate_report': expected 1 (a report of `gate run` or `gate compare --format json`), "
