@@ -15,8 +15,6 @@ import pytest
 from helpers.gate_cli import invoke
 from helpers.trace_builders import SEED_CANDIDATE, SEED_ORACLE
 
-from gate.text import did_you_mean
-
 DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -92,6 +90,8 @@ def test_a_mistyped_prompt_gets_the_prompt_id_it_resembles() -> None:
 
 
 def test_did_you_mean_names_the_closest_or_nothing() -> None:
+    from gate.text import did_you_mean
+
     assert did_you_mean("vlm", ["hf", "vllm", "mlx"]) == " Did you mean 'vllm'?"
     assert did_you_mean("zzzz", ["hf", "vllm", "mlx"]) == ""
     assert did_you_mean("x", []) == ""
