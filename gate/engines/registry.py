@@ -73,6 +73,10 @@ def resolve(name: str) -> type[Any]:
 
 
 def load_engine(name: str, model: str, options: Mapping[str, str] | None = None) -> Engine:
+    """The engine `name` (a built-in, an installed plugin's name or `module:Class`) loaded on
+    `model` (a model id or a folder) with `options` (the `--engine-opt` strings); the caller
+    closes it. `gate.load_engine` in the Python API. An unknown name or a missing extra is
+    an InputError (exit 2); an engine that fails to load, an EngineError (exit 3)."""
     cls = resolve(name)
     try:
         engine = cls(model, **dict(options or {}))
