@@ -10,7 +10,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import orjson
 import pytest
 from helpers.pin_candidates import default_pin_trace, planted_flip, write_trace_file
 
