@@ -186,7 +186,8 @@ def gate_check(request: pytest.FixtureRequest) -> Callable[..., GateResult]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    written = list(config.stash.get(_WRITTEN, {}))  # each file once, however often it was replaced
+    # Each file once, however often it was replaced.
+    written: list[Path] = list(config.stash[_WRITTEN]) if _WRITTEN in config.stash else []
     if written:
         folders = sorted({str(p.parent) for p in written})
         terminalreporter.write_line(f"gate: {len(written)} report file(s) written to {', '.join(folders)}")
