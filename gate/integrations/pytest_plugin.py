@@ -187,7 +187,8 @@ def gate_check(request: pytest.FixtureRequest) -> Callable[..., GateResult]:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     # Each file once, however often it was replaced.
-    written: list[Path] = list(config.stash[_WRITTEN]) if _WRITTEN in config.stash else []
+    seen: dict[Path, None] = config.stash.get(_WRITTEN, {})
+    written = list(seen)
     if written:
         folders = sorted({str(p.parent) for p in written})
         terminalreporter.write_line(f"gate: {len(written)} report file(s) written to {', '.join(folders)}")
