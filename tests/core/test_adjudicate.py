@@ -105,10 +105,15 @@ def check_boundaries(folder: Path) -> None:
     at = one_position(folder, position(50, (51, -0.625), (52, -2.0)), 51)
     assert at.oracle_minus_candidate_mnats == 125.0
     assert at.cls == NEAR_TIE and at.tie_break is None and at.candidate_rank == 2
-    # One float step further: a defect.
-    below = math.nextafter(-0.625, -math.inf)
+    # One float32 step further (the rounding of a float32 logprob): still within the
+    # threshold, which allows one float32 rounding of the two logprobs compared ...
+    below = -0.625 - 2.0**-24
     past = one_position(folder, position(50, (51, below), (52, -2.0)), 51)
     assert past.oracle_minus_candidate_mnats is not None and past.oracle_minus_candidate_mnats > 125.0
+    assert past.cls == NEAR_TIE
+    # ... and a float step beyond that allowance: a defect.
+    beyond = math.nextafter(-0.625 - 2.0**-23, -math.inf)
+    past = one_position(folder, position(50, (51, beyond), (52, -2.0)), 51)
     assert past.cls == DEFECT
     # One float step from a tie is not a tie: bit for bit or nothing.
     hair = one_position(folder, position(50, (51, math.nextafter(-0.5, -math.inf)), (52, -2.0)), 51)

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from gate.core.traces.trace import TopList
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine, Evidence
-from gate.core.verdict.evidence import RunDrift, candidate_margin, lp_map
+from gate.core.verdict.evidence import RunDrift, candidate_margin
 from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, Divergence
 from gate.core.verdict.rules import (
@@ -188,8 +188,9 @@ def _evidence_at(ev: PositionEvidence, doctrine: Doctrine) -> _Weighed | None:
 
 
 def _within(gap: float | None, limit: float, *logprobs: float) -> bool:
-    """0 < gap <= limit, each limit allowing one float32 rounding of the logprobs compared."""
-    return gap is not None and 0.0 < gap <= limit + logprob_slack(*logprobs)
+    """0 < gap <= limit, each limit allowing one float32 rounding of the oracle's logprobs
+    compared (a limit of 0 allows nothing: only a tie bit for bit is a tie)."""
+    return gap is not None and 0.0 < gap <= limit + (logprob_slack(*logprobs) if limit > 0.0 else 0.0)
 
 
 def _ran_out(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -219,8 +220,12 @@ def _exact_tie(ev: PositionEvidence, doctrine: Doctrine) -> bool:
 
 
 def _near_tie_mnats(ev: PositionEvidence, doctrine: Doctrine) -> bool:
-    gap = ev.gap_mnats
-    return gap is not None and 0.0 < gap <= doctrine.near_tie_mnats
+    # One bf16 step taken between two float32 logprobs reads 125.0 or 125.00012 mnats: the
+    # threshold allows that one rounding, so an honest near tie cannot flip class on it.
+    if ev.candidate_logprob is None:
+        return False
+    limit = doctrine.near_tie_mnats / 1000.0
+    return _within(ev.gap_nats, limit, ev.oracle_logprob, ev.candidate_logprob)
 
 
 def _drift_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -245,12 +250,12 @@ def _own_margin_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
     at = _evidence_at(ev, doctrine)
     if at is None:
         return False
-    # One float32 rounding of the two logprobs the margin is taken between (not of the
-    # list's largest: a far-down entry at -9 would allow 16x the slack of two at -0.5).
-    own = lp_map(ev.candidate_top or ())
-    pair = [own[t] for t in (ev.candidate_token, ev.oracle_token) if t in own]
-    slack = logprob_slack(*pair) if pair else 0.0
-    return at.margin_units * at.unit > at.rule.candidate_ulps * at.unit + slack
+    # One float32 rounding of the two logprobs in question, taken at the oracle's values of
+    # them: the candidate's own list cannot buy more slack by reporting logprobs of a larger
+    # size (at -1e6 one float32 step is 0.06 nats), nor a far-down entry widen it.
+    limit = at.rule.candidate_ulps * at.unit
+    slack = logprob_slack(ev.oracle_logprob, at.candidate_logprob) if limit > 0.0 else 0.0
+    return at.margin_units * at.unit > limit + slack
 
 
 def _near_tie_evidence(ev: PositionEvidence, doctrine: Doctrine) -> bool:
