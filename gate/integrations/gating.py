@@ -85,8 +85,9 @@ def failure_reason(result: GateResult) -> str:
     if defects:
         d = defects[0]
         more = f" (and {len(defects) - 1} more)" if len(defects) > 1 else ""
+        first = "first divergence not judged for want of evidence" if d.want_of_evidence else "first defect"
         return (
-            f"{verdict}: first defect at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
+            f"{verdict}: {first} at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
             f"candidate token {d.candidate_token}){more}: {why(d, result.doctrine, with_rule=False)}"
         )
     unratified = [p.id for p in result.prompts if not p.ratified]

@@ -183,6 +183,13 @@ def why(d: Divergence, doctrine: Doctrine | float, *, with_rule: bool = True) ->
         return f"{head}; the run drifts beyond the doctrine (see 'run drift'), so no allowance in units or grid steps"
     if rule == RULE_NO_LIST:
         part = "forced decode" if d.source == FORCED else "free run"
+        if d.want_of_evidence and ev is not None:
+            return (
+                f"not judged for want of evidence: the candidate's token is {below}{steps} below the oracle's, "
+                f"above the {mnats}-mnat threshold, and the oracle's gap is {fmt_ulps(d.gap_units)} {unit}, within "
+                f"the evidence rule's {ev.oracle_ulps:g}; but the candidate reports no usable list here ({part}), "
+                "which the rule needs to weigh it: not ratified (less evidence never ratifies more)"
+            )
         return (
             f"{head}; the candidate reports no usable list here ({part}), which the evidence rule needs: "
             "judged by the threshold alone (less evidence never ratifies more)"

@@ -82,6 +82,7 @@ def check_seed() -> None:
         "exact_ties": 1,
         "near_ties": 0,
         "defects": 0,
+        "not_judged_for_want_of_evidence": 0,
     }
     (d,) = result.divergences
     assert (d.prompt_id, d.position, d.source) == ("p6", 7, FREE_RUN)

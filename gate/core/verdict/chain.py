@@ -365,6 +365,15 @@ def classify(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = C
     of `chain` that answers."""
     decision = decide(ev, doctrine, chain)
     gap = ev.gap_nats
+    # Not ratified only for want of the candidate's list: the oracle's gap is within the
+    # evidence rule's limit, so its list alone could have decided (the class stays defect).
+    want = (
+        decision.rule == RULE_NO_LIST
+        and doctrine.evidence is not None
+        and ev.unit is not None
+        and ev.candidate_logprob is not None
+        and _within(gap, doctrine.evidence.oracle_ulps * ev.unit, ev.oracle_logprob, ev.candidate_logprob)
+    )
     common: dict[str, Any] = {
         "prompt_id": ev.prompt_id,
         "position": ev.position,
@@ -397,4 +406,5 @@ def classify(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = C
         gap_ulps=gap / ev.grid_step if ev.grid_step is not None else None,
         candidate_margin_ulps=ev.margin_units,
         gap_units=gap / ev.unit if ev.unit is not None else None,
+        want_of_evidence=want,
     )
