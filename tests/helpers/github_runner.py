@@ -187,7 +187,9 @@ def run_step(
 ) -> StepRun:
     """Run one `run:` step of the composite action in `cwd` as the runner would."""
     cwd.mkdir(parents=True, exist_ok=True)
-    files = {k: cwd / f".runner-{k.lower()}" for k in ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY", "GITHUB_ENV", "GITHUB_PATH")}
+    files = {
+        k: cwd / f".runner-{k.lower()}" for k in ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY", "GITHUB_ENV", "GITHUB_PATH")
+    }
     for f in files.values():
         f.write_text("")
     script = cwd / ".runner-step.sh"
@@ -218,11 +220,11 @@ def run_step(
         text=True,
         timeout=300,
     )
-    output = Path(env["GITHUB_OUTPUT"])
+    output = files["GITHUB_OUTPUT"]  # the runner's own file (a test may point the step elsewhere)
     return StepRun(
         returncode=r.returncode,
         log=r.stdout,
-        outputs=read_outputs(output.read_text()) if output.is_file() else {},
+        outputs=read_outputs(output.read_bytes().decode("utf-8")) if output.is_file() else {},
         summary=files["GITHUB_STEP_SUMMARY"].read_text() if files["GITHUB_STEP_SUMMARY"].is_file() else "",
         env_file=files["GITHUB_ENV"].read_text(),
         path_file=files["GITHUB_PATH"].read_text(),
@@ -232,7 +234,32 @@ def run_step(
 def python3_here(folder: Path) -> Path:
     """A folder whose `python3` is this test session's Python (the runner's `python3`, with gate)."""
     folder.mkdir(parents=True, exist_ok=True)
-    link = folder / "python3"
-    if not link.exists():
-        link.symlink_to(sys.executable)
+    launcher = folder / "python3"
+    if not launcher.exists():
+        # Not a symlink: a venv's Python finds its environment from the path it was started by.
+        launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        launcher.chmod(0o755)
     return folder
+
+
+def step(name: str) -> dict[str, Any]:
+    """The step of action.yml named `name`."""
+    found = [s for s in action()["runs"]["steps"] if s.get("name") == name]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def gate_step(tmp_path: Path, runner_env: Mapping[str, str] | None = None, **inputs: str) -> StepRun:
+    """The action's Gate step in `tmp_path`, `inputs` (snake_case names) as the workflow's `with:`."""
+    named = {k.replace("_", "-"): v for k, v in inputs.items()}
+    return run_step(
+        step("Gate"), named, tmp_path, path_prepend=python3_here(tmp_path.parent / "bin"), runner_env=runner_env
+    )
+
+
+def annotations(log: str) -> list[tuple[str, str]]:
+    """The (command, data) pairs the runner would carry out from `log`, less the step's own
+    stop-commands and its resume token."""
+    found = commands(log)
+    stops = {c.data for c in found if c.name == "stop-commands"}
+    return [(c.name, c.data) for c in found if c.name != "stop-commands" and c.name not in stops]
