@@ -152,7 +152,7 @@ def read_outputs(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class StepRun:
     returncode: int
-    log: str  # stdout and stderr, in the order printed (one pipe, as the runner reads both)
+    log: str  # stderr, then stdout
     outputs: dict[str, str]
     summary: str
     env_file: str
@@ -215,15 +215,16 @@ def run_step(
         ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
         cwd=cwd,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        capture_output=True,
         text=True,
         timeout=300,
     )
     output = files["GITHUB_OUTPUT"]  # the runner's own file (a test may point the step elsewhere)
     return StepRun(
         returncode=r.returncode,
-        log=r.stdout,
+        # The runner reads stdout and stderr from two pipes, in no fixed order between them:
+        # stdout is taken as read last, the order in which its lines could escape a bracket.
+        log=r.stderr + r.stdout,
         outputs=read_outputs(output.read_bytes().decode("utf-8")) if output.is_file() else {},
         summary=files["GITHUB_STEP_SUMMARY"].read_text() if files["GITHUB_STEP_SUMMARY"].is_file() else "",
         env_file=files["GITHUB_ENV"].read_text(),

@@ -171,3 +171,23 @@ def test_a_github_output_that_is_a_folder_is_one_line_and_exit_2(tmp_path: Path,
     [(_, said)] = only_our_annotations(r)
     assert "GITHUB_OUTPUT" in said and "Traceback" not in r.log
     assert list(folder.iterdir()) == []
+
+
+def test_what_an_engine_prints_while_the_step_runs_is_never_a_command(tmp_path: Path) -> None:
+    """An engine (or a library, or gate quoting a server) prints command lines on stdout and
+    stderr: under the runner they fall between the step's stop-commands and its resume token;
+    only the step's own error annotation is carried out."""
+    from helpers.github_runner import ROOT
+    from helpers.hostile_engine import SAID
+
+    tests = ROOT / "tests"
+    r = gate_step(
+        tmp_path / "w",
+        runner_env={"PYTHONPATH": f"{ROOT}:{tests}"},
+        engine="helpers.hostile_engine:HostileEngine",
+    )
+    assert r.returncode == 3, r.log
+    [(name, said)] = annotations(r.log)
+    assert name == "error" and "no device" in said and SAID in said, said
+    assert r.log.count("::set-output name=verdict::strict_pass") >= 2  # printed, as text
+    assert r.outputs == {"verdict": "error", "exit-code": "3"}
