@@ -6,6 +6,7 @@ writes read as the runner reads it (tests/helpers/github_runner.py)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,20 @@ def test_the_ci_guide_shows_what_the_step_writes(tmp_path: Path, traces: dict[st
     shown = [line for line in fenced_after(guide, "An example:") if line]
     said = [line.rstrip() for line in r.summary.splitlines()]
     assert all(line in said for line in shown), [line for line in shown if line not in said]
+
+
+def test_each_variable_the_gate_step_hands_over_is_read_and_listed_in_the_ci_guide() -> None:
+    """The Gate step's `env:` (input → GATE_* variable): the module reads each variable as
+    that input, and the guide's table for running the step locally lists exactly these."""
+    from gate.integrations.github_action import parse_args
+
+    handed = {var: str(expr).split("inputs.")[1].rstrip(" }") for var, expr in step("Gate")["env"].items()}
+    assert len(handed) >= 10
+    for var, name in handed.items():
+        args = parse_args([], {var: "some-value"})
+        assert getattr(args, name.replace("-", "_")) == "some-value", var
+    guide = (ROOT / "docs" / "guides" / "ci.md").read_text()
+    table = guide[guide.index("### Run the step locally") :]
+    table = table[: table.index("```")]
+    listed = {var: name for name, var in re.findall(r"`([a-z-]+)` \| `(GATE_[A-Z_]+)`", table)}
+    assert listed == handed
