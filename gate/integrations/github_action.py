@@ -8,15 +8,21 @@ Each flag defaults to an environment variable (`GATE_MODEL`, `GATE_ENGINE`,
 hands its inputs over as environment variables, never spliced into a shell line.
 
 It gates the candidate (a trace, else the engine, through `gating`, the functions of
-`gate run`), writes the reports into the report folder (JSON, Markdown, JUnit; the
+`gate run`) against the pin of the `model` input, else gate's default model (never the pin
+a trace's header names), writes the reports into the report folder (JSON, Markdown, JUnit; the
 candidate's trace when an engine ran; the diff against the baseline report when one is
 given), appends the Markdown report to `GITHUB_STEP_SUMMARY` once (and the diff's, once),
 and writes the outputs to `GITHUB_OUTPUT`: verdict, exit-code, prompts, strict-pass,
 ratified-pass, exact-ties, near-ties, defects, summary, report-dir, report-json,
 report-markdown, report-junit, candidate-trace, diff-exit, diff-json, diff-markdown.
 
+Nothing is lost: before any work it refuses a baseline or trace where it writes a report,
+a report folder that is a file, and a GITHUB_OUTPUT or job summary that is an input or a
+report (or, GITHUB_OUTPUT, a folder); the baseline is read before anything is written.
+Every line it prints goes through `workflow_commands`, so no text becomes a runner command.
+
 Exit: the gate's (0 pass, 1 fail); 1 also when NEW is worse than the baseline; 2 for bad
-input (a baseline of another pin included); 3 for an engine failure.
+input (a baseline of another pin included); 3 for an engine failure; 4 for a bug in gate.
 """
 
 from __future__ import annotations
@@ -307,9 +313,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                 except InputError as more:
                     log.error(f"gate: error: {more}")
             return exc.exit_code
-        except OSError as exc:  # a report that cannot be written, a folder that vanished
-            log.error(f"gate: error: {exc.filename or ''}: {exc.strerror or exc}")
-            return 2
+        except OSError as exc:  # a report that cannot be written, a folder that vanished: as atomic_write's
+            where = f"{exc.filename}: " if exc.filename else ""
+            log.error(f"gate: error: {where}{exc.strerror or exc}")
+            return InputError.exit_code
         except Exception as exc:  # a bug in gate: its traceback inside the bracket, one line after
             traceback.print_exc()
             log.error(f"gate: internal error (a bug in gate): {type(exc).__name__}: {exc}")
