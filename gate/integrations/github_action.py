@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gate.errors import INTERNAL_ERROR_EXIT, GateError, InputError
+from gate.errors import INTERNAL_ERROR_EXIT, GateError, InputError, TraceError
 from gate.integrations.workflow_commands import RunnerLog, runner_log, write_outputs
 
 DEFAULT_REPORT_DIR = "gate-reports"
@@ -306,7 +306,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return run(args, env, log)
         except GateError as exc:
             # A workflow annotation (`::error::`) and the outputs a later step can test.
-            log.error(f"gate: error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else ""))
+            # A trace's fault is shown on its line (the file as given, relative to the workspace).
+            at = {"file": exc.path, "line": exc.line} if isinstance(exc, TraceError) else {}
+            log.error(f"gate: error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else ""), **at)
             if outputs_ok:
                 try:
                     write_outputs({"verdict": "error", "exit-code": exc.exit_code}, env)

@@ -48,9 +48,10 @@ class RunnerLog:
     def say(self, text: str) -> None:
         print(escape_data(text).replace("##[", "#%23["), file=sys.stderr, flush=True)
 
-    def error(self, message: str, title: str | None = None) -> None:
-        props = f" title={escape_property(title)}" if title else ""
-        self.annotations.append(f"::error{props}::{escape_data(message)}")
+    def error(self, message: str, **properties: str | int | None) -> None:
+        """An `::error` annotation; `properties` (file, line, title) as the runner takes them."""
+        props = ",".join(f"{k}={escape_property(str(v))}" for k, v in properties.items() if v is not None)
+        self.annotations.append(f"::error{' ' + props if props else ''}::{escape_data(message)}")
 
 
 @contextmanager

@@ -191,3 +191,17 @@ def test_what_an_engine_prints_while_the_step_runs_is_never_a_command(tmp_path: 
     assert name == "error" and "no device" in said and SAID in said, said
     assert r.log.count("::set-output name=verdict::strict_pass") >= 2  # printed, as text
     assert r.outputs == {"verdict": "error", "exit-code": "3"}
+
+
+def test_a_broken_trace_is_annotated_on_its_line_whatever_its_path_holds(tmp_path: Path) -> None:
+    """The annotation names the trace's file and line as properties, escaped as
+    @actions/core escapes properties: a `,` or `:` in the path is no second property."""
+    name = "t,line=99,title=strict pass:x\n::notice::y.jsonl"
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / name).write_text('{"gate_trace": 1, "role": "candidate"\n')
+    r = gate_step(work, candidate_trace=name)
+    assert r.returncode == 2, r.log
+    [cmd] = [c for c in commands(r.log) if c.name == "error"]
+    assert cmd.properties == {"file": name, "line": "1"}, cmd.properties
+    assert only_our_annotations(r) == [("error", cmd.data)]
