@@ -165,3 +165,11 @@ def test_actionlint_would_refuse_a_wrong_input_an_injection_or_a_shell_bug(
 ) -> None:
     r = actionlint(tmp_path, {"bad.yml": as_workflow(yaml.safe_dump([step]))})
     assert r.returncode != 0 and said in r.stdout, r.stdout + r.stderr
+
+
+def test_every_input_reaches_a_step() -> None:
+    """Each declared input is read by a step (its `env:`, `with:` or `if:`): an input no step
+    reads would be accepted and silently ignored."""
+    steps = yaml.safe_dump(action()["runs"]["steps"])
+    for name in action()["inputs"]:
+        assert re.search(rf"\binputs\.{re.escape(name)}\b(?!-)", steps), name
