@@ -132,7 +132,9 @@ def test_the_other_direction_is_a_tie_break_too() -> None:
     [
         (-0.5625, NEAR_TIE_FLIP),  # 62.5 mnats
         (-0.625, NEAR_TIE_FLIP),  # 125.0 mnats: the threshold is inclusive
-        (-0.6250000000000001, REAL_CHANGE),  # one float64 step past it
+        (-0.6250000000000001, NEAR_TIE_FLIP),  # one float64 step past it: within one float32 rounding
+        (-0.625 - 2.0**-24, NEAR_TIE_FLIP),  # one float32 step past it (a float32 logprob's rounding)
+        (-0.6250000596046448 - 2.0**-24, REAL_CHANGE),  # past that rounding
         (-0.75, REAL_CHANGE),  # 250 mnats
     ],
 )
