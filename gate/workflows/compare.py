@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
 from gate.core.verdict.result import GateResult

@@ -11,6 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import (
     PromptRecord,
     TopLogprobs,
@@ -18,7 +19,6 @@ from gate.core.traces.trace import (
     TraceHeader,
     _check_position,
     _fast_top,
-    read_trace,
     write_trace,
 )
 from gate.core.verdict.adjudicate import compare
