@@ -22,6 +22,7 @@ class Reportable(Protocol):
     @property
     def summary(self) -> str: ...
 
+
 # (result type, format) -> "module:function" giving the report as text.
 RENDERERS: dict[tuple[str, str], str] = {
     ("GateResult", "rich"): "gate.reports.terminal:render_text",
