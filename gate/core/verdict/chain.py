@@ -51,7 +51,7 @@ class PositionEvidence:
 
     Two units, on purpose: `grid_step` is one step of the dtype's grid at the oracle's top
     logit (the grid rule's unit, `near_tie_ulps`; `gap_ulps`/`ulp_mnats` in reports), and
-    `unit` is that step at max(|top logit|, the evidence rule's `floor_logit`), so that it
+    `unit` is that step at max(|top logit|, the evidence rule's least logit), so that it
     never shrinks below the size where honest drift stops shrinking (the evidence rule's
     unit; `gap_units`/`unit_mnats`/`candidate_margin_ulps` in reports); they agree at
     |top logit| >= floor_logit, and below it the unit is the larger.
