@@ -31,7 +31,7 @@ def _fields(template: str) -> set[str]:
 @pytest.mark.parametrize("rule", CHAIN, ids=[r.code for r in CHAIN])
 def test_every_rule_has_a_sentence_over_the_named_figures_opening_with_its_class(rule: Rule) -> None:
     assert rule.sentence.startswith(OPENINGS[rule.cls]), rule.code
-    assert _fields(rule.sentence) | _fields(rule.aside) <= set(SENTENCE_FIELDS), rule.code
+    assert _fields(rule.sentence) | _fields(rule.aside) <= set(SENTENCE_FIELDS.split()), rule.code
 
 
 def test_a_new_rule_prints_its_own_sentence_not_another_s(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

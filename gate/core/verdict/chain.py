@@ -8,10 +8,9 @@
 - `classify(evidence, doctrine)`: the first rule that answers. The last rule
   (`beyond_mnats`) always answers.
 
-Each rule carries its words: `says`, its row of the doctrine table (docs/reference/
-doctrine.md, "How a divergence is classified", tested against the chain), and `sentence`,
-the one sentence every report prints for a divergence it decided: a template over the
-divergence's figures (`gate.reports._common.why` fills it in and writes nothing of its own).
+Each rule carries its words: `says`, its row of docs/reference/doctrine.md's table, and
+`sentence`, what every report prints for a divergence it decided (`reports._common.why`
+only fills in the figures).
 """
 
 from __future__ import annotations
@@ -163,13 +162,10 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """One link of the chain: when `applies`, it answers `cls` under its `code`.
-
-    `sentence` is what a report says of a divergence the rule decided, a `str.format`
-    template over the figures `gate.reports._common.why` names (`SENTENCE_FIELDS`); where
-    the doctrine at hand lacks one of them (a report given only the near-tie threshold),
-    the report says its class's plain sentence (`plain_rule`). `aside` follows the sentence
-    where the candidate's gap is known and not zero."""
+    """One link of the chain: when `applies`, it answers `cls` under its `code`. `sentence`
+    is a `str.format` template over `SENTENCE_FIELDS` (where the doctrine at hand lacks a
+    limit it names, the report says `plain_rule(cls)`'s); `aside` follows it where the
+    candidate's gap is known and not zero."""
 
     code: str  # as the reports print it (gate.core.verdict.rules)
     cls: str
@@ -420,31 +416,16 @@ CHAIN: tuple[Rule, ...] = (
     Rule(RULE_BEYOND_MNATS, DEFECT, _always, "always: no rule above ratified the gap", _BEYOND),
 )
 RULE_BY_CODE: dict[str, Rule] = {rule.code: rule for rule in CHAIN}
-# The figures a sentence may name (gate.reports._common.why fills them in).
+# The figures a sentence may name, space-separated (gate.reports._common.why fills them in).
 SENTENCE_FIELDS = (
-    "below",
-    "steps",
-    "mnats",
-    "unit",
-    "gap_units",
-    "margin_units",
-    "oracle_ulps",
-    "candidate_ulps",
-    "near_tie_ulps",
-    "logprob",
-    "direction",
-    "tie_rule",
-    "candidate_token",
-    "lower_bound",
-    "part",
+    "below steps mnats unit gap_units margin_units oracle_ulps candidate_ulps near_tie_ulps logprob direction "
+    "tie_rule candidate_token lower_bound part"
 )
 
 
 def plain_rule(cls: str) -> Rule:
     """The rule whose sentence a divergence of class `cls` gets where its own rule's cannot be
-    said (a figure it names is not in the doctrine at hand, or its code is not the chain's):
-    the first of the chain that answers with that class and names no doctrine limit beyond
-    the mnats."""
+    said (it names a limit the doctrine at hand lacks, or its code is not the chain's)."""
     return RULE_BY_CODE[{EXACT_TIE: RULE_EXACT_TIE, NEAR_TIE: RULE_MNATS}.get(cls, RULE_BEYOND_MNATS)]
 
 
