@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any
+from typing import Any, Protocol
 
 from gate.errors import InputError
+
+
+class Reportable(Protocol):
+    """What every command's result has for the output sink: its renderers, found by its type's
+    name in `RENDERERS` and `TERMINAL`, and its one-line summary (said on stderr when the
+    report goes to a file). Its exit code is the command's business."""
+
+    @property
+    def summary(self) -> str: ...
+
 
 # (result type, format) -> "module:function" giving the report as text.
 RENDERERS: dict[tuple[str, str], str] = {
@@ -80,7 +90,7 @@ def _with_width(func: Any, width: int | None) -> dict[str, int]:
     return {"width": width} if width is not None and "width" in inspect.signature(func).parameters else {}
 
 
-def render(result: Any, fmt: str, *, details: bool = False, width: int | None = None) -> str:
+def render(result: Reportable, fmt: str, *, details: bool = False, width: int | None = None) -> str:
     """`result` as text in `fmt` (`details`: with the details section, where it has one;
     `width`: the columns of a text report, else its default). No line ends in spaces, in
     any format: padding that a table or panel leaves at a line's end is taken off."""
@@ -95,11 +105,11 @@ def trim_line_ends(text: str) -> str:
     return "\n".join(line.rstrip(" \t") for line in text.split("\n"))
 
 
-def has_format(result: Any, fmt: str) -> bool:
+def has_format(result: Reportable, fmt: str) -> bool:
     return (type(result).__name__, fmt) in RENDERERS
 
 
-def print_rich(result: Any, console: Any, *, details: bool = False) -> None:
+def print_rich(result: Reportable, console: Any, *, details: bool = False) -> None:
     """Draw `result`'s rich report on `console` (a terminal: colour, its width)."""
     func = _load(TERMINAL[type(result).__name__])
     func(result, console, **_with_details(func, details))

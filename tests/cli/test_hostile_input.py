@@ -432,7 +432,7 @@ def _one_line(err: str, *, hint: bool = False) -> str:
     ("argv", "needles"),
     [
         (["compare", "--no-such-option", "a", "b"], ("gate compare", "--no-such-option")),
-        (["compare", "a"], ("gate compare", "candidate")),
+        (["compare", "a"], ("gate compare", "CANDIDATE")),
         (["compare", "a", "b", "--near-tie-mnats", "abc"], ("gate compare", "--near-tie-mnats")),
         (["no-such-command"], ("gate", "no-such-command")),
     ],
@@ -483,7 +483,7 @@ RAW = ("\x1b", "\u202e", "\r", "\x9b", "\x07", "\u2066")
 
 
 def _evil_result(tmp_path: Path) -> Any:
-    from gate.core.traces.trace import read_trace
+    from gate.core.traces.reader import read_trace
     from gate.core.verdict.adjudicate import compare as adjudicate
 
     oracle, cand = oracle_lines(), candidate_lines()
