@@ -80,11 +80,12 @@ def diagnose_hint(
     model_path: Path | None = None,
     pins_dir: Path | None = None,
 ) -> str | None:
-    """The `gate diagnose` command for a failed result's first defect, with the run's own
-    model, engine, options, weights and pins; for a failure with no defect (a diffuse one: its
-    distribution, or divergences that are all ties), the command that reruns the gate and
-    ranks where the error grows, and what to read in it. None where that command could not
-    run: gate diagnose captures only some engines, and a hint whose command exits 2 is no help."""
+    """The `gate diagnose` command for a failed result's first defect (else first divergence),
+    with the run's own model, engine, options, weights and pins; for a failure by the
+    distribution with no defect (a diffuse one), the command that reruns the gate and ranks
+    where the error grows, and what to read in it. None where there is none, or where that
+    command could not run: gate diagnose captures only some engines, and a hint whose
+    command exits 2 is no help."""
     from gate.core.verdict.result import DEFECT, FAIL
     from gate.engines.registry import resolve
     from gate.errors import GateError
@@ -105,24 +106,27 @@ def diagnose_hint(
         words += ["--model-path", str(model_path)]
     if pins_dir is not None:
         words += ["--pins-dir", str(pins_dir)]
-    if not any(x.cls == DEFECT for x in result.divergences):
+    dist = result.distribution
+    diffuse = dist is not None and (dist.beyond or dist.disagrees)
+    if diffuse and not any(x.cls == DEFECT for x in result.divergences):
         return (
-            "no single position failed the gate (no defect): the failure is diffuse, a small error spread over "
+            "the gate failed by its distribution with no defect: the failure is diffuse, a small error spread over "
             f"many positions; {shlex.join(words)} reruns the gate, diagnoses the position its failure points to "
             "(the largest KL when the distribution failed it) and ranks the largest excursions on both paths, "
             "under the location threshold too: a part that leads in every layer (an MLP or a norm scaled, an "
             "accumulation in a narrower dtype) is where to look, and a larger decode path than prefill path "
             "points at the KV cache"
         )
+    if not result.divergences:
+        return None
     order = {p.id: i for i, p in enumerate(result.prompts)}
-    d = min(
-        (x for x in result.divergences if x.cls == DEFECT), key=lambda x: (order.get(x.prompt_id, 1 << 30), x.position)
-    )
+    d = min(result.divergences, key=lambda x: (x.cls != DEFECT, order.get(x.prompt_id, 1 << 30), x.position))
     words += ["--prompt", d.prompt_id, "--position", str(d.position)]
     if d.source == "forced" and d.forced_mode == "prefill":
         words += ["--path", "prefill"]
+    what = "first defect" if d.cls == DEFECT else f"first divergence ({d.cls.replace('_', ' ')})"
     return (
-        f"the first defect is prompt {d.prompt_id}, position {d.position}; "
+        f"the {what} is prompt {d.prompt_id}, position {d.position}; "
         f"to find the layer and part it enters at: {shlex.join(words)}"
     )
 

@@ -32,7 +32,8 @@ def failure_of(pin: Pin, result: GateResult, candidate: Trace) -> tuple[Target |
     failed = result.verdict == FAIL
     reasons = failure_reasons(result) if failed else ()
     target = target_of_result(pin, result)
-    if failed and (target is None or target.divergence_class != DEFECT):
+    by_distribution = result.distribution is not None and (result.distribution.beyond or result.distribution.disagrees)
+    if failed and by_distribution and (target is None or target.divergence_class != DEFECT):
         worst = largest_kl(pin, result, candidate)
         if worst is not None:
             t = target_given(pin, worst.prompt_id, worst.position, DECODE)
