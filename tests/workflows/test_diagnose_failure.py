@@ -13,7 +13,7 @@ from gate.core.diagnosis.capture import DECODE, PREFILL
 from gate.core.diagnosis.metric import MARGIN, METRIC
 from gate.core.diagnosis.record import Diagnosis, GateFailure, LayerError, PathFinding
 from gate.core.pins.pin import load_pin
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.result import DEFECT, FAIL
 from gate.workflows.diagnose_failure import DISTRIBUTION, failure_of
 
