@@ -12,7 +12,8 @@ from pathlib import Path
 
 from gate.core.engine import Engine
 from gate.core.pins.pin import doctrine_for, load_pin
-from gate.core.traces.trace import Trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace
 from gate.core.verdict.doctrine import apply_overrides
 from gate.core.verdict.result import DEFECT, RATIFIED_PASS, GateResult
 from gate.errors import InputError

@@ -22,7 +22,7 @@ from helpers.trace_builders import (
 )
 
 import gate.core.verdict.adjudicate as adjudicate
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.chain import PositionEvidence
 from gate.core.verdict.doctrine import Doctrine

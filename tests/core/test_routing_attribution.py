@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import EXACT_TIE, FORCED, FREE_RUN

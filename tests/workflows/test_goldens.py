@@ -42,7 +42,8 @@ from gate.core.pins.diff import exact_top2_ties
 from gate.core.pins.pin import Pin, load_pin
 from gate.core.storage.files import file_sha256
 from gate.core.traces.machine import machine_key, machine_of
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, write_trace
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 

@@ -8,7 +8,9 @@
 - `classify(evidence, doctrine)`: the first rule that answers. The last rule
   (`beyond_mnats`) always answers.
 
-docs/reference/doctrine.md ("How a divergence is classified") lists the chain in words.
+Each rule carries its words: `says`, its row of docs/reference/doctrine.md's table, and
+`sentence`, what every report prints for a divergence it decided (`reports._common.why`
+only fills in the figures).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class PositionEvidence:
 
     Two units, on purpose: `grid_step` is one step of the dtype's grid at the oracle's top
     logit (the grid rule's unit, `near_tie_ulps`; `gap_ulps`/`ulp_mnats` in reports), and
-    `unit` is that step at max(|top logit|, the evidence rule's `floor_logit`), so that it
+    `unit` is that step at max(|top logit|, the evidence rule's least logit), so that it
     never shrinks below the size where honest drift stops shrinking (the evidence rule's
     unit; `gap_units`/`unit_mnats`/`candidate_margin_ulps` in reports); they agree at
     |top logit| >= floor_logit, and below it the unit is the larger.
@@ -160,12 +162,18 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """One link of the chain: when `applies`, it answers `cls` under its `code`."""
+    """One link of the chain: when `applies`, it answers `cls` under its `code`. `sentence`
+    is a `str.format` template over `SENTENCE_FIELDS` (where the doctrine at hand lacks a
+    limit it names, the report says `plain_rule(cls)`'s); `aside` follows it where the
+    candidate's gap is known and not zero."""
 
     code: str  # as the reports print it (gate.core.verdict.rules)
     cls: str
     applies: Callable[[PositionEvidence, Doctrine], bool]
     says: str  # one sentence: what it decides (docs/reference/doctrine.md)
+    sentence: str  # what the reports print for a divergence it decided
+    aside: str = ""
+    wanting: str = ""  # the sentence where it is not judged for want of evidence (Divergence.want_of_evidence)
 
     def __call__(self, ev: PositionEvidence, doctrine: Doctrine) -> Decision | None:
         return Decision(self.cls, self.code) if self.applies(ev, doctrine) else None
@@ -283,11 +291,30 @@ def _always(ev: PositionEvidence, doctrine: Doctrine) -> bool:
     return True
 
 
+# The sentence a defect past the mnats starts with: the last rule's, which the rules that
+# name a further limit carry on.
+_BEYOND = "defect: the candidate's token is {below}{steps} below the oracle's, above the {mnats}-mnat threshold"
+
 # The doctrine, in order: the first rule that answers decides. Rules that need what a
 # position may lack (a logit, a unit, the candidate's own list) pass without it.
 CHAIN: tuple[Rule, ...] = (
-    Rule(RULE_RAN_OUT, DEFECT, _ran_out, "the candidate stopped before this position"),
-    Rule(RULE_NOT_IN_TOP_K, DEFECT, _not_in_top_k, "the candidate's token is not in the oracle's top-k list"),
+    Rule(
+        RULE_RAN_OUT,
+        DEFECT,
+        _ran_out,
+        "the candidate stopped before this position",
+        "defect: the candidate stopped before the oracle's continuation ended",
+    ),
+    Rule(
+        RULE_NOT_IN_TOP_K,
+        DEFECT,
+        _not_in_top_k,
+        "the candidate's token is not in the oracle's top-k list",
+        (
+            "defect: the candidate's token {candidate_token} is not in the oracle's top-k; it is at least "
+            "{lower_bound} mnats below the oracle's"
+        ),
+    ),
     Rule(
         RULE_NOT_GREEDY,
         DEFECT,
@@ -296,59 +323,122 @@ CHAIN: tuple[Rule, ...] = (
             "the candidate is not greedy over its own logprobs where it shares the oracle's context: no "
             "allowance (without a floor, none beyond what the oracle's list alone ratifies)"
         ),
+        (
+            "defect: the candidate is not greedy over its own logprobs (at some position of the run it did not take "
+            "the top of the list it reports; see 'not greedy'), so its flips earn no allowance"
+        ),
+        aside="; the candidate's token is {below} below the oracle's",
     ),
-    Rule(RULE_EXACT_TIE, EXACT_TIE, _exact_tie, "both logprobs are equal bit for bit: a tie-break convention"),
-    Rule(RULE_MNATS, NEAR_TIE, _near_tie_mnats, "0 < the oracle's gap ≤ `near_tie_mnats`"),
+    Rule(
+        RULE_EXACT_TIE,
+        EXACT_TIE,
+        _exact_tie,
+        "both logprobs are equal bit for bit: a tie-break convention",
+        "exact tie: both logprobs are {logprob} bit for bit; the candidate took the {direction} id{tie_rule}",
+    ),
+    Rule(
+        RULE_MNATS,
+        NEAR_TIE,
+        _near_tie_mnats,
+        "0 < the oracle's gap ≤ `near_tie_mnats`",
+        "near tie: the candidate's token is {below}{steps} below the oracle's, within the {mnats}-mnat threshold",
+    ),
     Rule(
         RULE_DRIFT_BEYOND,
         DEFECT,
         _drift_beyond,
         "the top logit is known and the run drifts beyond the evidence rule's limits: no allowance past the mnats",
+        _BEYOND + "; the run drifts beyond the doctrine (see 'run drift'), so no allowance in units or grid steps",
     ),
     Rule(
         RULE_ORACLE_GAP,
         DEFECT,
         _oracle_gap_beyond,
         "evidence rule (the candidate's own list holds both tokens): the oracle's gap is beyond `oracle_ulps` units",
+        _BEYOND + ", and the oracle's gap is {gap_units} {unit}, beyond the evidence rule's {oracle_ulps:g}",
     ),
     Rule(
         RULE_NEGATIVE_MARGIN,
         DEFECT,
         _negative_margin,
         "evidence rule: the candidate's own list ranks the oracle's token above the one it took",
+        _BEYOND
+        + (
+            "; the candidate's own list ranks the oracle's token above the one it took (margin {margin_units} "
+            "units): a negative margin earns no allowance"
+        ),
     ),
     Rule(
         RULE_OWN_MARGIN,
         DEFECT,
         _own_margin_beyond,
         "evidence rule: the candidate's own margin for its token is beyond `candidate_ulps` units",
+        _BEYOND
+        + (
+            "; the candidate's own list holds its token {margin_units} units above the oracle's, beyond the "
+            "evidence rule's {candidate_ulps:g}: a clear choice, not a near tie"
+        ),
     ),
     Rule(
         RULE_EVIDENCE,
         NEAR_TIE,
         _near_tie_evidence,
         "evidence rule: the oracle's gap and the candidate's own margin are both within their limits",
+        (
+            "near tie by the evidence rule: the oracle's gap is {gap_units} {unit} (limit {oracle_ulps:g}; "
+            "{below}{steps}) and the candidate's own list holds its token {margin_units} units above the oracle's "
+            "(limit {candidate_ulps:g}), in a run not found drifting beyond the doctrine — beyond the "
+            "{mnats}-mnat threshold"
+        ),
     ),
     Rule(
         RULE_NO_LIST,
         DEFECT,
         _no_list,
         "evidence rule, but no usable own list here (wherever its other lists are): its absence earns nothing",
+        _BEYOND
+        + (
+            "; the candidate reports no usable list here ({part}), which the evidence rule needs: judged by the "
+            "threshold alone (less evidence never ratifies more)"
+        ),
+        wanting=(
+            "not judged for want of evidence: the candidate's token is {below}{steps} below the oracle's, above the "
+            "{mnats}-mnat threshold, and the oracle's gap is {gap_units} {unit}, within the evidence rule's "
+            "{oracle_ulps:g}; but the candidate reports no usable list here ({part}), which the rule needs to weigh "
+            "it: not ratified (less evidence never ratifies more)"
+        ),
     ),
     Rule(
         RULE_GRID,
         NEAR_TIE,
         _near_tie_grid_steps,
         "the oracle's top logit is known and the gap is within `near_tie_ulps` steps of its grid",
+        (
+            "near tie by the grid rule: the candidate's token is {below}{steps} below the oracle's, within "
+            "{near_tie_ulps:g} grid steps (no own list weighed here) — beyond the {mnats}-mnat threshold"
+        ),
     ),
     Rule(
         RULE_BEYOND_GRID,
         DEFECT,
         _beyond_grid_steps,
         "the oracle's top logit is known, `near_tie_ulps` is set, and the gap is beyond it",
+        _BEYOND + " and beyond the grid rule's {near_tie_ulps:g} steps",
     ),
-    Rule(RULE_BEYOND_MNATS, DEFECT, _always, "always: no rule above ratified the gap"),
+    Rule(RULE_BEYOND_MNATS, DEFECT, _always, "always: no rule above ratified the gap", _BEYOND),
 )
+RULE_BY_CODE: dict[str, Rule] = {rule.code: rule for rule in CHAIN}
+# The figures a sentence may name, space-separated (gate.reports._common.why fills them in).
+SENTENCE_FIELDS = (
+    "below steps mnats unit gap_units margin_units oracle_ulps candidate_ulps near_tie_ulps logprob direction "
+    "tie_rule candidate_token lower_bound part"
+)
+
+
+def plain_rule(cls: str) -> Rule:
+    """The rule whose sentence a divergence of class `cls` gets where its own rule's cannot be
+    said (it names a limit the doctrine at hand lacks, or its code is not the chain's)."""
+    return RULE_BY_CODE[{EXACT_TIE: RULE_EXACT_TIE, NEAR_TIE: RULE_MNATS}.get(cls, RULE_BEYOND_MNATS)]
 
 
 def decide(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = CHAIN) -> Decision:

@@ -5,8 +5,8 @@ when the doctrine asks for evidence (`Doctrine.evidence`); the rules that weigh 
 `gate.core.verdict.chain`.
 
 Everything is measured in steps of the model dtype's grid at the size of the oracle's top
-logit at that position (`grid_step` of the pin's `token_logits`), floored at the step of
-`Evidence.floor_logit` (16: 125 mnats in bf16), the unit honest drift comes in: two
+logit at that position (`grid_step` of the pin's `token_logits`), never less than the step
+at the rule's least logit (`Evidence.floor_logit`, 16: 125 mnats in bf16), the unit honest drift comes in: two
 engines running the same bf16 weights disagree by whole grid steps, the step doubles with
 each binade of the logit, and below |logit| 16 the error no longer shrinks with it.
 
@@ -70,7 +70,7 @@ class DriftWindow:
 
 @dataclass(frozen=True, slots=True)
 class RunDrift:
-    """The run's swing statistics, in evidence units (the floored grid step; None: no
+    """The run's swing statistics, in evidence units (the grid step at the least logit or above; None: no
     position could be measured), with the judged windows (prompts, position blocks)."""
 
     positions: int
