@@ -51,9 +51,10 @@ sys.path.insert(0, str(ROOT))
 
 SEED = 20260603
 TEACHER_TOP = 64
-STEPS = 400
-BATCH = 8
-LR = 3e-3
+STEPS = 240
+BATCH = 4
+LR = 5e-3
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 TEXT_CONFIG: dict[str, Any] = {
     "vocab_size": 49152,
@@ -117,25 +118,29 @@ def _deterministic(torch: Any) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def _teacher_data(torch: Any) -> list[tuple[list[int], Any, Any]]:
-    """(sequence, top ids, top probabilities) per pinned prompt: the teacher's top-64 at every
-    position of prompt + the default pin's oracle tokens."""
+def _teacher_data(torch: Any, tokenizer: Any) -> list[tuple[list[int], Any, Any]]:
+    """(sequence, top ids, top probabilities) per suite prompt: the prompt as the checkpoint's own
+    tokenizer makes it, the teacher's 32 greedy tokens after it, and the teacher's top-64 at
+    every position of the whole."""
     from transformers import AutoModelForCausalLM
 
     from gate.core.pins.pin import find_folder
-    from gate.core.traces.trace import read_trace
+    from gate.core.pins.suite import read_suite
+    from gate.engines._common import encode_prompt
     from gate.models.default import DEFAULT_MODEL, materialize_default
 
-    pin = read_trace(find_folder(DEFAULT_MODEL).pin_path, role="oracle")
+    suite = read_suite(find_folder(DEFAULT_MODEL).suite_path).resolved(32)
     teacher = AutoModelForCausalLM.from_pretrained(str(materialize_default()), dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
-        for rec in pin.records:
-            seq = [*rec.prompt_token_ids, *rec.token_ids]
-            logits = teacher(torch.tensor([seq])).logits[0].float()
+        for sp in suite:
+            ids = list(encode_prompt(tokenizer, text=sp.text, messages=sp.messages_dicts()))
+            new = teacher.generate(
+                torch.tensor([ids]), max_new_tokens=sp.max_tokens, do_sample=False, pad_token_id=2, eos_token_id=2
+            )[0].tolist()
+            logits = teacher(torch.tensor([new])).logits[0].float()
             top = torch.topk(torch.log_softmax(logits, -1), TEACHER_TOP, dim=-1)
-            probs = torch.softmax(top.values, -1)  # renormalised over the top 64
-            out.append((seq, top.indices, probs))
+            out.append((new, top.indices, torch.softmax(top.values, -1)))  # renormalised over the top 64
     return out
 
 
@@ -207,6 +212,7 @@ def build(out: Path, *, force: bool, say: Any) -> None:
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
 
     from gate.models.default import materialize_default
     from gate.models.qwen_tiny import QWEN_TINY, write_manifest
@@ -215,8 +221,20 @@ def build(out: Path, *, force: bool, say: Any) -> None:
         raise SystemExit(f"{out} exists; pass --force to rebuild it")
     _deterministic(torch)
     started = time.monotonic()
-    say("teacher: SmolLM2-135M-Instruct (float32) over the default pin's prompts and oracle tokens")
-    data = _teacher_data(torch)
+    teacher_dir = materialize_default()
+    tok_dir = Path(tempfile.mkdtemp(prefix=".qwen36-tok."))
+    try:
+        _student_config().save_pretrained(tok_dir)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(teacher_dir / name, tok_dir / name)
+        # transformers reads this checkpoint's tokenizer as Qwen3_5Tokenizer (its model type's own).
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    finally:
+        shutil.rmtree(tok_dir, ignore_errors=True)
+    say(
+        f"teacher: SmolLM2-135M-Instruct (float32) continuing the default suite as {type(tokenizer).__name__} splits it"
+    )
+    data = _teacher_data(torch, tokenizer)
     say(f"student: distilling on {len(data)} sequences, {STEPS} steps of {BATCH}")
     model = _distil(torch, data, say)
     tmp = Path(tempfile.mkdtemp(prefix=".qwen36-tiny.", dir=out.parent))
@@ -228,14 +246,14 @@ def build(out: Path, *, force: bool, say: Any) -> None:
         state = load_file(str(weights))
         state.update(_mtp_weights(torch, model))
         save_file(state, str(weights), metadata={"format": "pt"})
-        teacher = materialize_default()
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-            shutil.copyfile(teacher / name, tmp / name)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(teacher_dir / name, tmp / name)
         write_manifest(
             tmp,
             {
-                "method": f"distilled from {teacher.name} (float32) on the default pin's {len(data)} prompts and "
-                f"oracle tokens: cross-entropy against the teacher's renormalised top {TEACHER_TOP}, Adam lr {LR}, "
+                "method": f"distilled from {teacher_dir.name} (float32) on the default suite's {len(data)} prompts "
+                f"(tokenized by this checkpoint's tokenizer) and the teacher's 32 greedy tokens after each: "
+                f"cross-entropy against the teacher's renormalised top {TEACHER_TOP}, Adam lr {LR}, "
                 f"{STEPS} steps of {BATCH} sequences, seed {SEED}, one thread, deterministic algorithms",
                 "transformers": transformers.__version__,
                 "torch": torch.__version__,
@@ -282,17 +300,39 @@ def _converter(work: Path) -> Path:
     return src
 
 
-def convert_gguf(source: Path, say: Any) -> Path:
+# llama.cpp's converter names a GGUF's pre-tokenizer by hashing the token ids its check text
+# becomes, against a table of known vocabularies. transformers 5 tokenizes every `qwen3_5_moe`
+# checkpoint with Qwen3_5Tokenizer (Qwen3.5's split regex over the checkpoint's own BPE), and this
+# one's BPE is SmolLM2's, which no table entry has: the hash is unknown and the converter stops.
+# The converter runs unchanged but for that one answer: "qwen35", llama.cpp's name for exactly the
+# split transformers applies, so llama.cpp tokenizes text as the reference does.
+CONVERT = """
+import sys
+src = sys.argv.pop(1)
+sys.path[:0] = [src, src + "/gguf-py"]
+import convert_hf_to_gguf
+from conversion import base
+known = base.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    return "qwen35" if type(tokenizer).__name__ == "Qwen3_5Tokenizer" else known(self, tokenizer)
+base.TextModel.get_vocab_base_pre = pre
+convert_hf_to_gguf.main()
+"""
+
+
+def convert_gguf(source: Path, say: Any, *, mtp: bool = True) -> Path:
     from gate.models.qwen_tiny import publish_gguf
 
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         src = _converter(work)
         out = work / "model.gguf"
-        env = {**os.environ, "PYTHONPATH": str(src / "gguf-py"), "NO_LOCAL_GGUF": ""}
-        cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(source), "--outtype", "bf16"]
-        subprocess.run([*cmd, "--outfile", str(out)], check=True, env=env, timeout=600)
-        target = publish_gguf(out, source, f"{LLAMA_SDIST} convert_hf_to_gguf.py --outtype bf16 (MTP layer kept)")
+        cmd = [sys.executable, "-c", CONVERT, str(src), str(source), "--outtype", "bf16", "--outfile", str(out)]
+        subprocess.run([*cmd, *([] if mtp else ["--no-mtp"])], check=True, timeout=600)
+        how = "MTP layer kept as llama.cpp's nextn layer" if mtp else "--no-mtp"
+        target = publish_gguf(
+            out, source, f"{LLAMA_SDIST} convert_hf_to_gguf.py --outtype bf16 ({how}; pre-tokenizer qwen35)"
+        )
     say(f"wrote {target}")
     return target
 
