@@ -185,8 +185,10 @@ def _mtp_weights(torch: Any, model: Any) -> dict[str, Any]:
     one). transformers does not load them (it has no MTP head); llama.cpp's converter does."""
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
 
+    torch.manual_seed(SEED + 1)  # their own seed: rebuilding them alone gives the same bytes
     text = model.config.text_config
     layer = Qwen3_5MoeDecoderLayer(text, text.layer_types.index("full_attention")).float()
+    layer.apply(model.model.language_model._init_weights)  # a bare module's parameters are uninitialised memory
     h = text.hidden_size
     out: dict[str, Any] = {
         "mtp.fc.weight": torch.randn(h, 2 * h) * 0.02,
@@ -206,6 +208,28 @@ def _mtp_weights(torch: Any, model: Any) -> dict[str, Any]:
         else:
             out[f"mtp.layers.0.{name}"] = tensor.clone()
     return {k: v.to(torch.bfloat16).contiguous() for k, v in out.items()}
+
+
+def fused_experts(torch: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """The experts in the real checkpoint's layout: one `experts.gate_up_proj` [experts, 2 x
+    inter, hidden] and one `experts.down_proj` [experts, hidden, inter] per MoE block (what
+    transformers 5 holds in memory and mlx-lm's qwen3_5_moe reads), where save_pretrained writes
+    them one expert at a time. Exact copies: no value changes."""
+    out: dict[str, Any] = {}
+    blocks: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, tensor in state.items():
+        head, sep, tail = name.partition(".mlp.experts.")
+        if not sep:
+            out[name] = tensor
+            continue
+        expert, proj = tail.split(".", 1)
+        blocks.setdefault(f"{head}.mlp.experts", {}).setdefault(int(expert), {})[proj] = tensor
+    for prefix, experts in blocks.items():
+        order = [experts[e] for e in sorted(experts)]
+        gate_up = [torch.cat([x["gate_proj.weight"], x["up_proj.weight"]], dim=0) for x in order]
+        out[f"{prefix}.gate_up_proj"] = torch.stack(gate_up).contiguous()
+        out[f"{prefix}.down_proj"] = torch.stack([x["down_proj.weight"] for x in order]).contiguous()
+    return out
 
 
 def build(out: Path, *, force: bool, say: Any) -> None:
@@ -245,7 +269,7 @@ def build(out: Path, *, force: bool, say: Any) -> None:
         weights = tmp / "model.safetensors"
         state = load_file(str(weights))
         state.update(_mtp_weights(torch, model))
-        save_file(state, str(weights), metadata={"format": "pt"})
+        save_file(fused_experts(torch, state), str(weights), metadata={"format": "pt"})
         for name in TOKENIZER_FILES:
             shutil.copyfile(teacher_dir / name, tmp / name)
         write_manifest(
@@ -263,6 +287,9 @@ def build(out: Path, *, force: bool, say: Any) -> None:
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+        out.chmod(0o755)  # mkdtemp's 0700 and save_file's 0600 would keep the package's data from its users
+        for path in out.iterdir():
+            path.chmod(0o644)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

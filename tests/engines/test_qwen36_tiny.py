@@ -202,3 +202,28 @@ def test_executorch_refuses_the_architecture_in_one_line() -> None:
     assert r.exit_code == 3, r.stderr
     [line] = [x for x in r.stderr.splitlines() if x.strip()]
     assert "'executorch'" in line and "Qwen3_5MoeForConditionalGeneration" in line
+
+
+@pytest.mark.skipif(not have("onnxruntime_genai"), reason="no onnxruntime-genai")
+def test_ortgenai_refuses_the_architecture_in_one_line() -> None:
+    r = invoke(["run", "--model", QWEN_TINY, "--engine", "ortgenai"])
+    assert r.exit_code == 3, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.strip()]
+    assert "'ortgenai'" in line and "Qwen3_5MoeForConditionalGeneration" in line
+
+
+def test_hf_loads_the_multimodal_checkpoint_as_its_text_model() -> None:
+    """AutoModelForCausalLM reads the multimodal checkpoint as Qwen3_5MoeForCausalLM with the
+    language model's weights: its logits are the full model's, bit for bit (the vision tower unused)."""
+    import torch
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    eng = load_engine("hf", QWEN_TINY, {})
+    try:
+        assert eng.info()["architecture"] == "Qwen3_5MoeForCausalLM"
+        full = Qwen3_5MoeForConditionalGeneration.from_pretrained(qwen_tiny_dir(), dtype=torch.bfloat16).eval()
+        ids = torch.tensor([list(_prompts()[0].prompt_token_ids)])
+        with torch.no_grad():
+            assert torch.equal(eng.model(input_ids=ids).logits, full(input_ids=ids).logits)  # type: ignore[attr-defined]
+    finally:
+        eng.close()
