@@ -65,3 +65,16 @@ def test_every_report_names_the_oracle_that_recorded_the_pin(tmp_path: Path) -> 
     for fmt, needle in (("json", '"oracle_engine": "fake"'), ("markdown", "oracle fake vs candidate fake")):
         r = run_fake(tmp_path, "--format", fmt)
         assert r.exit_code == 0 and needle in r.stdout.replace('":"', '": "'), (fmt, r.stdout[-1500:])
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html", "json"])
+def test_a_transformers_pin_is_named_as_such_in_the_reports(tmp_path: Path, fmt: str) -> None:
+    from dataclasses import replace
+
+    from helpers.trace_builders import mixed_result
+
+    from gate.reports import render
+
+    result = replace(mixed_result(tmp_path), oracle_engine="hf")
+    text = render(result, fmt)
+    assert ("oracle transformers (hf) vs candidate" in text) if fmt != "json" else ('"oracle_engine": "hf"' in text)
