@@ -236,6 +236,9 @@ def record_oracle(
         replace(rec, prompt=p.prompt, top_logprobs=plain_top(rec.top_logprobs or ())) if rec.prompt is None else rec
         for p, rec in zip(prompts, records, strict=True)
     ]
+    # An oracle records the experts it routed to; the router's own top-k is a candidate's
+    # evidence (the trace format refuses it in a pin), which the HF engine gives for an MoE model.
+    records = [replace(rec, router_top=None) for rec in records]
     header = oracle_header(
         model=model,
         info=info,

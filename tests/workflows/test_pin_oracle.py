@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake, run_fake, toy_pin_folder
@@ -78,3 +79,26 @@ def test_a_transformers_pin_is_named_as_such_in_the_reports(tmp_path: Path, fmt:
     result = replace(mixed_result(tmp_path), oracle_engine="hf")
     text = render(result, fmt)
     assert ("oracle transformers (hf) vs candidate" in text) if fmt != "json" else ('"oracle_engine": "hf"' in text)
+
+
+def test_an_moe_oracle_that_gives_its_routers_top_k_still_writes_a_valid_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HF engine gives an MoE model's router top-k (`router_top`, a candidate's evidence);
+    recording a pin with it as the oracle keeps the routed experts and leaves that out, so the
+    pin reads back (the trace reader refuses `router_top` in an oracle)."""
+    from dataclasses import replace
+
+    from helpers.fake_engine import FakeEngine
+
+    plain = FakeEngine.generate
+
+    def with_router_top(self: FakeEngine, prompts: Any, top_k: int) -> Any:
+        recs = plain(self, prompts, top_k)
+        return [replace(r, router_top=[[[[0, 0.5]]] for _ in r.token_ids]) for r in recs]
+
+    monkeypatch.setattr(FakeEngine, "generate", with_router_top)
+    record_toy_pin(tmp_path)
+    pin = (tmp_path / TOY_MODEL / "pin.jsonl").read_text()
+    assert "router_top" not in pin
+    assert run_fake(tmp_path).exit_code in (0, 1)  # the pin loads; the verdict is the toy's business
