@@ -45,20 +45,18 @@ def _prompts() -> list[PromptInput]:
 
 
 ENGINES = [
-    pytest.param("hf", {}, id="hf"),
+    pytest.param(("hf", {}), id="hf"),
     pytest.param(
-        "llamacpp",
-        {"preflight": "false"},
+        ("llamacpp", {"preflight": "false"}),
         id="llamacpp",
         marks=pytest.mark.skipif(not have("llama_cpp"), reason="no llama-cpp-python"),
     ),
     pytest.param(
-        "llama-server",
-        {"threads": "1"},
+        ("llama-server", {"threads": "1"}),
         id="llama-server",
         marks=pytest.mark.skipif(llama_server_binary() is None, reason="no llama-server"),
     ),
-    pytest.param("mlx", {}, id="mlx", marks=pytest.mark.skipif(not have("mlx_lm"), reason="no mlx-lm")),
+    pytest.param(("mlx", {}), id="mlx", marks=pytest.mark.skipif(not have("mlx_lm"), reason="no mlx-lm")),
 ]
 
 
@@ -120,28 +118,14 @@ def test_an_honest_build_passes_against_the_pin(engine_name: str, opts: list[str
     assert report["oracle_engine"] == "hf"
 
 
-def _faulted_checkpoint(tmp: Path) -> Path:
-    """The checkpoint with its first Gated DeltaNet layer's output projection scaled by 1.5."""
-    import torch
-    from safetensors.torch import load_file as load_torch
-    from safetensors.torch import save_file as save_torch
-
-    folder = tmp / "faulted"
-    shutil.copytree(qwen_tiny_dir(), folder)
-    (folder / "gate-manifest.json").unlink()  # its hashes are the honest checkpoint's
-    weights = folder / "model.safetensors"
-    state = load_torch(str(weights))
-    name = "model.language_model.layers.0.linear_attn.out_proj.weight"
-    state[name] = (state[name].float() * 1.5).to(torch.bfloat16)
-    save_torch(state, str(weights), metadata={"format": "pt"})
-    return folder
-
-
-def test_a_planted_deltanet_fault_fails_on_hf(tmp_path: Path) -> None:
-    folder = _faulted_checkpoint(tmp_path)
-    r = invoke(["run", "--model", QWEN_TINY, "--engine", "hf", "--model-path", str(folder), "--format", "json"])
+def test_a_planted_deltanet_fault_fails_on_hf() -> None:
+    """Layer 0's DeltaNet output projection scaled by 1.5 after loading (the weights on disk
+    are the pin's, so their hash passes the provenance check)."""
+    engine = "helpers.planted_deltanet:DeltaNetOutScale"
+    r = invoke(["run", "--model", QWEN_TINY, "--engine", engine, "--format", "json"])
     assert r.exit_code == 1, r.stderr[-2000:]
-    assert json.loads(r.stdout)["verdict"] == "fail"
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "fail" and report["counts"]["defects"] > 0
 
 
 @pytest.mark.skipif(not have("llama_cpp"), reason="no llama-cpp-python")
