@@ -15,6 +15,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -99,23 +100,57 @@ def test_its_free_runs_are_the_pinned_text_not_noise(engine: Engine) -> None:
 # --------------------------------------------------------------------------- gate run
 
 
+def _run(*args: str) -> dict[str, Any]:
+    r = invoke(["run", "--model", QWEN_TINY, *args, "--format", "json"])
+    assert r.exit_code in (0, 1), r.stderr[-2000:]
+    report: dict[str, Any] = json.loads(r.stdout)
+    assert report["counts"]["prompts"] == 41 and report["oracle_engine"] == "hf"
+    return report
+
+
+def _defects(report: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(d["prompt_id"], d["position"]) for d in report["divergences"] if d["class"] == "defect"}
+
+
+def test_the_reference_implementation_passes_its_own_pin_bit_for_bit() -> None:
+    report = _run("--engine", "hf", "--engine-opt", "threads=1")
+    assert report["verdict"] == "strict_pass"
+
+
+@pytest.fixture(scope="module")
+def reference_in_float32() -> dict[str, Any]:
+    """transformers itself in float32 against the bf16 pin: where the pin's bf16 arithmetic
+    moved a choice, the reference at full precision leaves the pin too."""
+    return _run("--engine", "hf", "--engine-opt", "threads=1", "--engine-opt", "dtype=float32")
+
+
 @pytest.mark.parametrize(
     ("engine_name", "opts"),
     [
-        pytest.param("hf", [], id="hf"),
         pytest.param(
-            "llamacpp", [], id="llamacpp", marks=pytest.mark.skipif(not have("llama_cpp"), reason="no llama-cpp-python")
+            "llamacpp",
+            ["--engine-opt", "threads=1"],
+            id="llamacpp",
+            marks=pytest.mark.skipif(not have("llama_cpp"), reason="no llama-cpp-python"),
+        ),
+        pytest.param(
+            "llama-server",
+            ["--engine-opt", "threads=1"],
+            id="llama-server",
+            marks=pytest.mark.skipif(llama_server_binary() is None, reason="no llama-server"),
         ),
         pytest.param("mlx", [], id="mlx", marks=pytest.mark.skipif(not have("mlx_lm"), reason="no mlx-lm")),
     ],
 )
-def test_an_honest_build_passes_against_the_pin(engine_name: str, opts: list[str]) -> None:
-    r = invoke(["run", "--model", QWEN_TINY, "--engine", engine_name, *opts, "--format", "json"])
-    assert r.exit_code == 0, r.stderr[-2000:]
-    report = json.loads(r.stdout)
-    assert report["verdict"] in ("strict_pass", "ratified_pass")
-    assert report["counts"]["prompts"] == 41 and report["counts"]["defects"] == 0
-    assert report["oracle_engine"] == "hf"
+def test_an_honest_float32_engine_leaves_the_pin_only_where_the_reference_in_float32_does(
+    engine_name: str, opts: list[str], reference_in_float32: dict[str, Any]
+) -> None:
+    """llama.cpp (bf16 weights, float32 arithmetic) and MLX (float32) are honest builds: every
+    token is ratified except where transformers in float32 leaves the bf16 pin as well (one
+    position of 1239 on this checkpoint: docs/results/qwen36-tiny.md)."""
+    report = _run("--engine", engine_name, *opts)
+    assert report["counts"]["ratified_pass"] >= 40
+    assert _defects(report) <= _defects(reference_in_float32), report["reason"]
 
 
 def test_a_planted_deltanet_fault_fails_on_hf() -> None:
@@ -164,8 +199,8 @@ def test_a_planted_deltanet_fault_fails_on_llamacpp(tmp_path: Path) -> None:
 def test_vllm_refuses_the_architecture_in_one_line() -> None:
     r = invoke(["run", "--model", QWEN_TINY, "--engine", "vllm"])
     assert r.exit_code == 3, r.stderr
-    [line] = [x for x in r.stderr.splitlines() if x.strip()]
-    assert "'vllm'" in line and "Qwen3_5MoeForConditionalGeneration" in line
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("gate: error")]
+    assert "'vllm'" in line and "Qwen3_5MoeForConditionalGeneration" in line and "cannot import" in line
 
 
 @pytest.mark.skipif(not have("vllm"), reason="no vllm")
@@ -175,7 +210,7 @@ def test_pin_record_with_vllm_refuses_and_names_the_reference_oracle(tmp_path: P
     shutil.copyfile(load_pin(QWEN_TINY).folder.suite_path, pins / "suite.jsonl")
     r = invoke(["pin", "record", "--model", QWEN_TINY, "--pins-dir", str(tmp_path / "pins"), "--oracle", "vllm"])
     assert r.exit_code == 3, r.stderr
-    [line] = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("gate: recording")]
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("gate: error")]
     assert "Qwen3_5MoeForConditionalGeneration" in line and "--oracle transformers --dtype" in line
     assert not (pins / "pin.jsonl").exists()
 
@@ -184,7 +219,7 @@ def test_pin_record_with_vllm_refuses_and_names_the_reference_oracle(tmp_path: P
 def test_executorch_refuses_the_architecture_in_one_line() -> None:
     r = invoke(["run", "--model", QWEN_TINY, "--engine", "executorch"])
     assert r.exit_code == 3, r.stderr
-    [line] = [x for x in r.stderr.splitlines() if x.strip()]
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("gate: error")]
     assert "'executorch'" in line and "Qwen3_5MoeForConditionalGeneration" in line
 
 
@@ -192,7 +227,7 @@ def test_executorch_refuses_the_architecture_in_one_line() -> None:
 def test_ortgenai_refuses_the_architecture_in_one_line() -> None:
     r = invoke(["run", "--model", QWEN_TINY, "--engine", "ortgenai"])
     assert r.exit_code == 3, r.stderr
-    [line] = [x for x in r.stderr.splitlines() if x.strip()]
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("gate: error")]
     assert "'ortgenai'" in line and "Qwen3_5MoeForConditionalGeneration" in line
 
 

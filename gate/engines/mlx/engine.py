@@ -173,8 +173,8 @@ class MLXEngine(TokenizerMethods):
         self.source = folder
         if self.bits:
             return mlx_quantised(folder, self.bits, self.group_size, dtype=dtype)
-        # The Qwen3.6 test checkpoint runs as mlx_lm.convert's own conversion of it (its mlx-lm folder).
-        return mlx_converted(folder) if model == QWEN_TINY else folder
+        # The Qwen3.6 test checkpoint: its mlx_lm.convert folder, float32 (MLX's CPU GatherMM has no bf16).
+        return mlx_converted(folder, dtype=dtype or "float32") if model == QWEN_TINY else folder
 
     # ------------------------------------------------------------------ the contract
 

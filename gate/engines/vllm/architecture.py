@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from gate.engines._common import architectures_of
 from gate.errors import UnsupportedArchitecture
 
@@ -15,6 +13,7 @@ def check_architecture(model_path: str) -> None:
     architecture (exit 3) instead of a traceback from inside vLLM's start-up minutes later."""
     import importlib
 
+    import vllm
     from vllm.model_executor.models.registry import ModelRegistry
 
     for arch in architectures_of(model_path):
@@ -29,6 +28,6 @@ def check_architecture(model_path: str) -> None:
             raise UnsupportedArchitecture(
                 "vllm",
                 arch,
-                f"vLLM {metadata.version('vllm')} cannot import its model code "
+                f"vLLM {vllm.__version__} cannot import its model code "
                 f"({module}: {type(exc).__name__}: {problem})",
             ) from None
