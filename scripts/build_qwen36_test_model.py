@@ -29,8 +29,9 @@ the sha256 of every file.
 `convert_hf_to_gguf.py` from llama-cpp-python 0.3.36's sdist (downloaded from the package
 index, as scripts/build_llama_server.sh does; with its `conversion/` and `gguf-py/`), at bf16,
 MTP layer included (the converter maps `mtp.*` to llama.cpp's nextn layer); and mlx-lm's
-`convert` (bf16). Both land in gate's cache with a manifest naming the source weights' sha256,
-where `gate run --model gate-llm/Qwen3.6-tiny --engine llamacpp|llama-server|mlx` finds them.
+`convert` (float32: MLX's CPU GatherMM has no bf16). Both land in gate's cache with a manifest
+naming the source weights' sha256, where `gate run --model gate-llm/Qwen3.6-tiny --engine E` finds them
+(E: llamacpp, llama-server, mlx).
 """
 
 from __future__ import annotations
@@ -367,7 +368,7 @@ def convert_gguf(source: Path, say: Any, *, mtp: bool = True) -> Path:
 def convert_mlx(source: Path, say: Any) -> Path:
     from gate.models.mlx_build import mlx_converted
 
-    target = mlx_converted(source, dtype="bfloat16", log=say)
+    target = mlx_converted(source, dtype="float32", log=say)  # what the mlx engine runs (CPU GatherMM: no bf16)
     say(f"wrote {target}")
     return target
 
