@@ -89,7 +89,8 @@ def test_the_wheel_holds_the_qwen36_test_checkpoint_and_its_pin(wheel: Path, tmp
         assert (shipped / name).read_bytes() == (checkpoint / name).read_bytes(), name
     r = gate_from(wheel, tmp_path, "pin", "show", "--model", "gate-llm/Qwen3.6-tiny")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["engine"]["name"] == "hf"
+    shown = json.loads(r.stdout)
+    assert shown["engine"]["name"] == "hf" and shown["recorded_by"] == "transformers"
 
 
 def test_pin_show_runs_from_an_empty_folder(wheel: Path, tmp_path: Path) -> None:

@@ -63,6 +63,8 @@ def test_a_pin_claimed_for_another_oracle_is_refused(tmp_path: Path) -> None:
 
 def test_every_report_names_the_oracle_that_recorded_the_pin(tmp_path: Path) -> None:
     record_toy_pin(tmp_path)
+    show = invoke(["pin", "show", "--model", TOY_MODEL, "--pins-dir", str(tmp_path)])
+    assert show.exit_code == 0 and json.loads(show.stdout)["recorded_by"] == "fake"
     for fmt, needle in (("json", '"oracle_engine": "fake"'), ("markdown", "oracle fake vs candidate fake")):
         r = run_fake(tmp_path, "--format", fmt)
         assert r.exit_code == 0 and needle in r.stdout.replace('":"', '": "'), (fmt, r.stdout[-1500:])
