@@ -28,6 +28,5 @@ def check_architecture(model_path: str) -> None:
             raise UnsupportedArchitecture(
                 "vllm",
                 arch,
-                f"vLLM {vllm.__version__} cannot import its model code "
-                f"({module}: {type(exc).__name__}: {problem})",
+                f"vLLM {vllm.__version__} cannot import its model code ({module}: {type(exc).__name__}: {problem})",
             ) from None
