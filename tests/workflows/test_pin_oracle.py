@@ -56,7 +56,7 @@ def test_a_pin_claimed_for_another_oracle_is_refused(tmp_path: Path) -> None:
     r = run_fake(tmp_path)
     assert r.exit_code == 2, r.output
     [line] = [x for x in r.stderr.splitlines() if x.startswith("gate: error") or "recorded by" in x][:1]
-    assert "recorded by the fake oracle" in line and "claims vLLM" in line
+    assert "recorded by the fake oracle" in line and "claims vllm" in line
     show = invoke(["pin", "show", "--model", TOY_MODEL, "--pins-dir", str(tmp_path)])
     assert show.exit_code == 2 and "recorded by the fake oracle" in show.stderr
 

@@ -265,7 +265,7 @@ def load_pin(model: str, pins_dir: Path | None = None) -> Pin:
 
 # How reports name the engine that recorded a pin: gate's hf engine is the reference
 # implementation, transformers.
-ORACLE_LABELS = {"hf": "transformers", "vllm": "vLLM"}
+ORACLE_LABELS = {"hf": "transformers"}
 
 
 def oracle_label(engine: str) -> str:
