@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gate.cli import options
+from gate.cli.common import App
 
 if TYPE_CHECKING:
     from gate.workflows.pin_record import PinRecordRequest
@@ -49,9 +50,7 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
 
 
 def register(app: typer.Typer) -> None:
-    pin_app = typer.Typer(
-        name="pin", help="Record and inspect oracle pins (oracle_pins/<org>/<model>/).", no_args_is_help=True
-    )
+    pin_app = App(name="pin", help="Record and inspect oracle pins (oracle_pins/<org>/<model>/).", no_args_is_help=True)
 
     @pin_app.command("record", epilog=options.EXIT_CODES_WRITE)
     def record_cmd(

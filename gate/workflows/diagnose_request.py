@@ -65,10 +65,10 @@ def diagnose_request(
     opts = request.engine.options()
     pin = load_pin(request.pin_model(), request.pins_dir)
     name = request.engine.name()
-    check_capturable(resolve(name), name)
     target = None
-    if prompt is not None and position is not None:
+    if prompt is not None and position is not None:  # checked before any engine is imported
         target = target_given(pin, prompt, position, path or "decode")
+    check_capturable(resolve(name), name)
     notes: list[str] = []
     failure = None
     with open_engine(request.engine.loader(pin, opts, name), name) as cand:

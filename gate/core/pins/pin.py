@@ -33,6 +33,7 @@ from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import Trace, TraceHeader, encode_trace
 from gate.core.verdict.doctrine import Doctrine, Overrides, header_doctrine, resolve_doctrine
 from gate.errors import InputError, PinError
+from gate.text import did_you_mean
 from gate.version import __version__, install_line
 
 PINS_DIRNAME = "oracle_pins"
@@ -128,6 +129,9 @@ def find_folder(model: str, pins_dir: Path | None = None) -> PinFolder:
         return folder
     looked = ", ".join(str(r) for r in roots)
     known = sorted({m for r in roots for m in known_models(r)})
+    close = did_you_mean(model, known)
+    if close:  # a typo of a pinned model, not a model without a pin: nothing to record
+        raise PinError(f"no pin folder for {model} (looked under {', '.join(str(r) for r in roots)}).{close}")
     listing = f" Pinned models: {', '.join(known)}." if known else ""
     cmd = pin_folder(model, roots[0], pins_dir).record_command()
     raise PinError(
