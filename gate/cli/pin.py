@@ -83,8 +83,21 @@ def register(app: typer.Typer) -> None:
                 "prompt at a time, the HF engine on the same device) when oracle.json's doctrine has none.",
             ),
         ] = True,
+        oracle: Annotated[
+            str | None,
+            typer.Option(
+                "--oracle",
+                help="Which implementation records the pin: vllm, or transformers (the reference implementation, "
+                "for an architecture vLLM cannot run here; give --dtype) \\[default: oracle.json's engine].",
+            ),
+        ] = None,
+        dtype: Annotated[
+            str | None,
+            typer.Option("--dtype", help="The oracle's dtype: bfloat16 or float32 \\[default: oracle.json's]."),
+        ] = None,
     ) -> None:
-        """Run the vLLM oracle over the prompt suite and write the pin with its provenance."""
+        """Run the oracle (vLLM, or transformers with --oracle) over the prompt suite and write the pin
+        with its provenance."""
         from gate.workflows.pin_record import PinRecordRequest
 
         request = PinRecordRequest(
@@ -97,6 +110,8 @@ def register(app: typer.Typer) -> None:
             pins_dir=pins_dir,
             force=force,
             measure_floor=floor,
+            oracle=oracle,
+            dtype=dtype,
         )
         raise typer.Exit(record_pin(request=request))
 

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
+from gate.core.pins.pin import oracle_label
 from gate.core.verdict.chain import RULE_BY_CODE, plain_rule
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import (
@@ -259,7 +260,9 @@ def provenance_line(result: GateResult) -> str:
     if result.model:
         parts.append(f"model {result.model}")
     if result.oracle_engine or result.candidate_engine:
-        parts.append(f"oracle {result.oracle_engine or '?'} vs candidate {result.candidate_engine or '?'}")
+        oracle = result.oracle_engine
+        named = f"{oracle_label(oracle)} ({oracle})" if oracle and oracle_label(oracle) != oracle else oracle
+        parts.append(f"oracle {named or '?'} vs candidate {result.candidate_engine or '?'}")
     machine = result.run.machine if result.run is not None else None
     if machine and machine.get("pin") and machine.get("candidate"):
         parts.append(f"pin recorded on {machine['pin']}, candidate on {machine['candidate']}")

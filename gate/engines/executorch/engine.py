@@ -63,6 +63,7 @@ from gate.engines._common import (
     check_prompt_ids,
     greedy_record,
     host_platform,
+    refuse_recurrent,
     stop_token_ids,
 )
 from gate.engines._logits import first_argmax, top_k_pairs
@@ -71,7 +72,7 @@ from gate.engines.executorch.cache import PTE_NAME, executorch_program, read_pro
 from gate.engines.executorch.export import ATTENTIONS, BACKEND, RECIPES
 from gate.engines.executorch.probe import probe
 from gate.errors import EngineError, InputError
-from gate.models.default import DEFAULT_MODEL, materialize_default
+from gate.models.default import DEFAULT_MODEL, materialize_default, resolve_model_path
 from gate.models.hashing import source_hashes
 
 
@@ -414,8 +415,16 @@ def _source(model: str, *, given_pte: bool) -> Path | None:
     gate exports when no `pte` is given. None: a given `.pte` with no model folder."""
     if model == DEFAULT_MODEL:
         return materialize_default()
-    folder = Path(model).expanduser()
+    folder = Path(resolve_model_path(model)).expanduser()
     if (folder / "config.json").is_file():
+        if not given_pte:
+            refuse_recurrent(
+                "executorch",
+                folder,
+                "gate's ExecuTorch export (gate.engines.executorch.export) keeps a static KV cache only, with no "
+                "Gated DeltaNet recurrent or conv state; export the program elsewhere and give it with "
+                "--engine-opt pte=PATH",
+            )
         return folder
     if given_pte:
         return None
