@@ -554,6 +554,22 @@ class ToyEngine:
         self.model = model
         self.options = parse_options(self.name, options, self.SCHEMA)
 
+    # The rest of the plugin contract, which the registry checks before it hands an engine out.
+    def info(self) -> Any:
+        raise NotImplementedError
+
+    def generate(self, prompts: Any, top_k: int) -> Any:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def decode_tokens(self, token_ids: Any) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
 
 @pytest.fixture
 def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
