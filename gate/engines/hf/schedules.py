@@ -225,7 +225,7 @@ def prefill_cached(engine: HFEngine, ids: torch.Tensor) -> tuple[torch.Tensor, A
         store.recurrent = not croppable(out.past_key_values)
     else:
         cache = copy.deepcopy(held)
-        cache.crop(n)
+        cache.crop(n - cache.get_seq_length())  # negative: the tokens after the common prefix
         rest = ids[:, n:]
         out = engine._forward(rest, input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1)
         store.hits += 1
