@@ -82,4 +82,17 @@ def load_engine(name: str, model: str, options: Mapping[str, str] | None = None)
         raise EngineError(f"engine {name!r} ran out of memory loading {model}: {exc}") from exc
     except Exception as exc:  # an engine's own failure to start is an engine failure
         raise EngineError(f"engine {name!r} failed to load {model}: {type(exc).__name__}: {exc}") from exc
+    lacking = [m for m in CONTRACT_METHODS if not callable(getattr(engine, m, None))]
+    if lacking:
+        # Checked as it loads, so that a missing method never fails later in gate's own code
+        # (a missing close() at the end of a run, hiding the run's own outcome).
+        raise EngineError(
+            f"engine {name!r} ({type(engine).__module__}.{type(engine).__qualname__}) lacks "
+            f"{', '.join(m + '()' for m in lacking)} of the plugin contract (gate.engine.Engine: "
+            f"{', '.join(m + '()' for m in CONTRACT_METHODS)})"
+        )
     return engine
+
+
+# The methods every engine has (gate.core.engine.Engine).
+CONTRACT_METHODS = ("info", "generate", "encode", "decode_tokens", "close")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from gate.core.engine import Engine
 from gate.core.pins.pin import doctrine_for, load_pin
-from gate.core.traces.trace import Trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace
 from gate.core.verdict.doctrine import apply_overrides
 from gate.core.verdict.result import DEFECT, RATIFIED_PASS, GateResult
 from gate.errors import InputError
@@ -42,8 +43,10 @@ def gate_candidate(
     strict: bool = False,
     overrides: Overrides | None = None,
 ) -> RunOutcome:
-    """Gate `candidate` against the pin of `model` (a trace: the model its header names;
-    an engine: the default model), as `gate run` (or `gate run --candidate-trace`) would.
+    """Gate `candidate` against the pin of `model` (default: gate's default model), as `gate
+    run` (or `gate run --candidate-trace`) would. The pin is the one the caller names, never
+    the one a trace's header names: a trace for another model is refused (PinError, exit 2)
+    by the provenance check, so a candidate cannot choose a lax pin from `pins_dir`.
 
     An engine is driven but not closed: whoever loaded it owns it. Raises the `GateError`
     `gate run` would raise (a bad trace, no pin, an engine failure)."""
@@ -55,7 +58,7 @@ def gate_candidate(
     if isinstance(candidate, Trace):
         if candidate.role != "candidate":
             raise InputError(f"{candidate.path}: expected a candidate trace, found role {candidate.role!r}")
-        pin = load_pin(model or candidate.header.model, pins)
+        pin = load_pin(model or default_model(), pins)
         return gate_trace_against_pin(pin, candidate, doctrine_for(pin, flags, strict=strict))
     if isinstance(candidate, Engine):
         pin = load_pin(model or default_model(), pins)
@@ -83,8 +86,9 @@ def failure_reason(result: GateResult) -> str:
     if defects:
         d = defects[0]
         more = f" (and {len(defects) - 1} more)" if len(defects) > 1 else ""
+        first = "first divergence not judged for want of evidence" if d.want_of_evidence else "first defect"
         return (
-            f"{verdict}: first defect at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
+            f"{verdict}: {first} at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
             f"candidate token {d.candidate_token}){more}: {why(d, result.doctrine, with_rule=False)}"
         )
     unratified = [p.id for p in result.prompts if not p.ratified]

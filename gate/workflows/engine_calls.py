@@ -8,7 +8,7 @@ never as bad input.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -22,15 +22,8 @@ from gate.core.engine import (
     PromptInput,
 )
 from gate.core.traces.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
-from gate.core.traces.trace import (
-    EVIDENCE_KEYS,
-    FORCED_MODES,
-    PromptRecord,
-    TopList,
-    Trace,
-    check_forced_top,
-    check_top_logprobs,
-)
+from gate.core.traces.trace import EVIDENCE_KEYS, FORCED_MODES, PromptRecord, TopList, Trace
+from gate.core.traces.validate import check_forced_top, check_top_logprobs
 from gate.errors import EngineError, GateError, TraceError
 from gate.workflows.guard import EngineTimeout
 from gate.workflows.progress import QUIET, Progress
@@ -58,17 +51,19 @@ def engine_call(engine: Engine | str, what: str, fn: Callable[[], T]) -> T:
 @contextmanager
 def open_engine(load: Callable[[], Engine], name: str) -> Iterator[Engine]:
     """The engine `load()` builds, closed when the block ends, unless a call timed out:
-    the engine is then still busy in an abandoned thread, and closing it could hang too."""
+    the engine is then still busy in an abandoned thread, and closing it could hang too.
+    When the block failed, that failure is what is reported: closing is still tried, and its
+    own failure is not allowed to replace the first."""
     engine = engine_call(name, "load", load)
-    hung = False
     try:
         yield engine
     except EngineTimeout:
-        hung = True
         raise
-    finally:
-        if not hung:
-            engine_call(name, "close", engine.close)
+    except BaseException:
+        with suppress(Exception):
+            engine_call(name, "close", lambda: engine.close())
+        raise
+    engine_call(name, "close", lambda: engine.close())
 
 
 def batch_size_for(engine: Engine, prompts: int) -> int:

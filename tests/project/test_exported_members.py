@@ -23,6 +23,7 @@ PLUGIN_CONTRACT = {
     "InputError", "parse_options", "SCHEDULE_KNOBS",
     "ForcesDecode", "HasScheduleKnobs", "BatchesPrompts", "KeepsRequestsInFlight", "ReplaysRouting",
     "CapturesActivations", "ReportsPrefixReuse",
+    "CapturesPaths", "Capture", "PREFILL", "DECODE", "model_folder",
 }  # fmt: skip
 
 

@@ -69,6 +69,7 @@ from gate.engines._logits import first_argmax, top_k_pairs
 from gate.engines._machine import host_machine
 from gate.engines.executorch.cache import PTE_NAME, executorch_program, read_program_manifest
 from gate.engines.executorch.export import ATTENTIONS, BACKEND, RECIPES
+from gate.engines.executorch.probe import probe
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
 from gate.models.hashing import source_hashes
@@ -143,6 +144,8 @@ class ExecuTorchEngine(TokenizerMethods):
         if opts["threads"] is not None:
             _set_threads(int(opts["threads"]))
         _register_llm_ops(required=attention == "custom_sdpa" and opts["pte"] is None)
+        if opts["pte"] is not None:
+            probe(self.pte)  # a program gate did not build: first in a child process, which may crash
         self.program, self.method = _load(self.pte)
         self.max_seq_len = int(self._constant("get_max_seq_len", opts["max_seq_len"]))
         self.vocab_size: int | None = self._constant("get_vocab_size", None)
