@@ -206,6 +206,8 @@ def build_tiny_qwen3_5_moe(
     tie_bias: float | None = None,
     router_tie: bool = False,
     expert_fault: tuple[int, int, float] | None = None,
+    decay: tuple[float, float] | None = None,
+    experts: tuple[int, int] = (8, 2),
 ) -> Path:
     """A 4-layer Qwen3_5MoeForCausalLM: 3 Gated DeltaNet layers then 1 gated-attention layer
     (Qwen3.5/3.6's hybrid pattern, `full_attention_interval` 4), 8 experts, 2 per token,
@@ -215,7 +217,11 @@ def build_tiny_qwen3_5_moe(
     added to every weight of both, so the pair leads (as an exact tie) at some positions
     and not others (with lm_head_scale 20 and tie_bias 0.8: about 1 position in 5).
     `router_tie` and `expert_fault` as for `build_tiny_qwen3_moe` (layer ROUTER_TIE_LAYER
-    is a Gated DeltaNet layer's MoE block here).
+    is a Gated DeltaNet layer's MoE block here). `decay` (lo, hi): each DeltaNet head's decay
+    rate `exp(A_log)` drawn from uniform(lo, hi) instead of transformers' uniform(0.01, 16),
+    whose state forgets in a few tokens; rates of a few hundredths keep it over a long
+    prompt, as a trained model's long-memory heads do. `experts` (count, per token): (256, 8)
+    is Qwen3.6-35B-A3B's routing at tiny width (each expert 16 wide).
     """
     import torch
     from transformers import Qwen3_5MoeForCausalLM
@@ -229,10 +235,10 @@ def build_tiny_qwen3_5_moe(
         linear_value_head_dim=32,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
-        moe_intermediate_size=64,
+        moe_intermediate_size=64 if experts[0] <= 8 else 16,
         shared_expert_intermediate_size=64,
-        num_experts=8,
-        num_experts_per_tok=2,
+        num_experts=experts[0],
+        num_experts_per_tok=experts[1],
     )
     model = Qwen3_5MoeForCausalLM(cfg)
     with torch.no_grad():
@@ -246,6 +252,11 @@ def build_tiny_qwen3_5_moe(
         if expert_fault is not None:
             layer, expert, factor = expert_fault
             model.model.layers[layer].mlp.experts.down_proj[expert].mul_(factor)
+        if decay is not None:
+            for layer in model.model.layers:
+                net = getattr(layer, "linear_attn", None)
+                if net is not None:
+                    net.A_log.copy_(torch.empty_like(net.A_log).uniform_(*decay).log())
     return _save(model, folder, dtype)
 
 

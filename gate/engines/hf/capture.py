@@ -39,6 +39,7 @@ from gate.core.diagnosis.capture import (
 )
 from gate.engines.hf.layers import decoder_layers
 from gate.engines.hf.routing import find_routers
+from gate.engines.hf.schedules import croppable
 from gate.errors import InputError
 
 
@@ -210,7 +211,7 @@ def capture_hf_shared(
             cache = out.past_key_values
             del out
             full = hooks.take(PREFILL, len(context_ids))
-            if not _croppable(cache):
+            if not croppable(cache):
                 hooks.remove()
                 return {
                     PREFILL: _with_meta(engine, full),
@@ -254,16 +255,6 @@ def _begin_prompt(engine: Any, prompt_ids: Sequence[int]) -> Any:
 def _keep(logits_from: int, length: int) -> int:
     """transformers' `logits_to_keep` for the rows from `logits_from` on (0 keeps all)."""
     return 0 if logits_from <= 0 else max(1, length - logits_from)
-
-
-def _croppable(cache: Any) -> bool:
-    """A cache whose every layer is a full-attention DynamicLayer: cropping it leaves exactly
-    the keys and values of the positions kept."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
-    if type(cache) is not DynamicCache or not cache.layers:
-        return False
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def _with_meta(engine: Any, capture: Capture) -> Capture:

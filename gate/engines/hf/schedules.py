@@ -109,10 +109,7 @@ def prefill_chunked(engine: HFEngine, ids: torch.Tensor) -> tuple[torch.Tensor, 
     out: Any = None
     for start in range(0, int(ids.shape[1]), size):
         part = ids[:, start : start + size]
-        kwargs: dict[str, Any] = {"input_ids": part, "use_cache": True, "logits_to_keep": 1}
-        if cache is not None:
-            kwargs["past_key_values"] = cache
-        out = engine._forward(part, **kwargs)
+        out = engine._forward(part, **_through(part, cache))
         cache = out.past_key_values
     return out.logits[0, -1], cache
 
@@ -155,6 +152,9 @@ class PrefixCache:
         self.entries: list[tuple[tuple[int, ...], Any]] = []
         self.reused_tokens = 0  # prompt tokens taken from the cache, all prompts together
         self.hits = 0
+        # The model's cache holds recurrent state (a hybrid such as Qwen3.5/3.6): set on the
+        # first prompt, it reuses entries by snapshot (`prefill_cached`).
+        self.recurrent = False
 
     @classmethod
     def for_options(cls, opts: Mapping[str, Any], batch_size: int, routed: bool) -> PrefixCache | None:
@@ -163,7 +163,10 @@ class PrefixCache:
         if batch_size != 1:
             raise InputError("--engine-opt prefix_cache: the cache is reused one prompt at a time (batch_size 1)")
         if routed:
-            raise InputError("--engine-opt prefix_cache: an MoE model's routing is recorded over whole prompts")
+            raise InputError(
+                "--engine-opt prefix_cache: an MoE model's routing is recorded over whole prompts "
+                "(--engine-opt record_routing=false serves it from the cache without recording it)"
+            )
         return cls()
 
     def longest(self, prompt: tuple[int, ...]) -> tuple[int, Any]:
@@ -179,26 +182,88 @@ class PrefixCache:
                 best, held = n, cache
         return best, held
 
+    def exact(self, prompt: tuple[int, ...]) -> tuple[int, Any]:
+        """(tokens, the cache after them): the longest kept prompt that is itself a prefix of
+        `prompt`, short of the whole prompt; (0, None) when none is."""
+        best, held = 0, None
+        for kept, cache in self.entries:
+            if best < len(kept) < len(prompt) and prompt[: len(kept)] == kept:
+                best, held = len(kept), cache
+        return best, held
+
     def keep(self, prompt: tuple[int, ...], cache: Any) -> None:
         others = [e for e in self.entries if e[0] != prompt]
-        self.entries = [*others[len(others) - (self.size - 1) :], (prompt, cache)]
+        self.entries = [*others[max(0, len(others) - (self.size - 1)) :], (prompt, cache)]
+
+
+def croppable(cache: Any) -> bool:
+    """A cache whose every layer is a full-attention DynamicLayer: cropping it leaves exactly
+    the keys and values of the positions kept. A recurrent layer (transformers'
+    `LinearAttentionLayer`: a Gated DeltaNet's conv and recurrent state) holds the state after
+    its last token only, which no crop puts back to an earlier position (its crop, where
+    allowed at all, cuts the conv window and leaves the recurrent state as it was)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if type(cache) is not DynamicCache or not cache.layers:
+        return False
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def prefill_cached(engine: HFEngine, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """The prompt `ids` ([1, n]) prefilled through the engine's prefix cache: a copy of the
     cache holding its longest kept prefix, cropped to that prefix, and one forward over the
-    rest of the prompt through it. Returns (the last position's [vocab] logits, the cache)."""
+    rest of the prompt through it. A cache with recurrent layers cannot be cropped: it is
+    reused by snapshot instead (`_prefill_recurrent`). Returns (the last position's [vocab]
+    logits, the cache)."""
     store: PrefixCache = engine.prefix_store
     prompt = tuple(int(t) for t in ids[0].tolist())
+    if store.recurrent:
+        return _prefill_recurrent(engine, store, ids, prompt)
     n, held = store.longest(prompt)
     if held is None:
         out = engine._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=1)
+        store.recurrent = not croppable(out.past_key_values)
     else:
         cache = copy.deepcopy(held)
-        cache.crop(n)
+        cache.crop(n - cache.get_seq_length())  # negative: the tokens after the common prefix
         rest = ids[:, n:]
         out = engine._forward(rest, input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1)
         store.hits += 1
         store.reused_tokens += n
     store.keep(prompt, copy.deepcopy(out.past_key_values))
     return out.logits[0, -1], out.past_key_values
+
+
+def _prefill_recurrent(
+    engine: HFEngine, store: PrefixCache, ids: torch.Tensor, prompt: tuple[int, ...]
+) -> tuple[torch.Tensor, Any]:
+    """A prefix cache over recurrent state, by snapshot: a kept entry is the whole cache (KV
+    and recurrent state) after exactly its tokens, so only an entry that is a prefix of the
+    prompt is reused, as it is (never cropped). Where the prompt shares more with another
+    kept prompt than any such entry holds, the shared part is computed once and its state
+    kept as an entry of its own (the snapshot at the branch point), so the next prompt that
+    branches there starts from it. The prompt's last token is always computed."""
+    n, held = store.exact(prompt)
+    shared, _ = store.longest(prompt)
+    cache: Any = copy.deepcopy(held) if held is not None else None
+    if held is not None:
+        store.hits += 1
+        store.reused_tokens += n
+    if shared > n:
+        part = ids[:, n:shared]
+        out = engine._forward(part, **_through(part, cache))
+        cache = out.past_key_values
+        store.keep(prompt[:shared], copy.deepcopy(cache))
+        n = shared
+    rest = ids[:, n:]
+    out = engine._forward(rest, **_through(rest, cache))
+    store.keep(prompt, copy.deepcopy(out.past_key_values))
+    return out.logits[0, -1], out.past_key_values
+
+
+def _through(part: torch.Tensor, cache: Any) -> dict[str, Any]:
+    """A forward's arguments over `part` ([1, m]), continuing `cache` (None: from scratch)."""
+    kwargs: dict[str, Any] = {"input_ids": part, "use_cache": True, "logits_to_keep": 1}
+    if cache is not None:
+        kwargs["past_key_values"] = cache
+    return kwargs
