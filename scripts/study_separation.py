@@ -1,0 +1,148 @@
+"""The separation study: which distribution statistic puts honest engines far inside the floor
+and lossy builds far outside it (docs/studies/separation-study.md). Pure: reads traces.
+
+    python scripts/study_separation.py TRACES_DIR [--reference FP32_TRACE] [--json OUT]
+
+TRACES_DIR holds the candidate traces `scripts/doctrine_study.py run` writes (NAME.jsonl
+and NAME.meta.json, kind honest / realistic / mutant / reference). The float32 reference is
+`--reference` (a trace whose records carry `forced_top_logprobs` along every pinned prompt,
+as the study's `fp32-opinion` variant writes it), else the default pin's own
+`reference_top_logprobs`. For each variant, at the positions the distribution verdict
+measures, it prints the figures against the bf16 oracle (today's statistic) and against the
+float32 reference, each also noise-normalised (each position's KL divided by the square of
+the bf16 grid step at the oracle's top logit, floored at |logit| 16), then the honest maxima,
+and every variant's figures as multiples of limits set at 1.5 x the honest maxima: the
+ratio (the largest figure over its limit) must be <= 0.67 for honest variants and >= 1.5
+for lossy builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+FIGS = ("mean", "p99", "miss")
+STATS = ("oracle", "oracle/step2", "fp32", "fp32/step2")
+
+
+def _stats(pts: Sequence[Any], steps: Mapping[tuple[str, int], float]) -> dict[str, float]:
+    from gate.core.verdict.distribution import quantile
+
+    kls = sorted(p.kl_mnats for p in pts)
+    norm = sorted(p.kl_mnats / steps[(p.prompt_id, p.position)] ** 2 for p in pts)
+    n = len(pts)
+    miss = sum(not p.same_top for p in pts) / n if n else 0.0
+    return {
+        "n": n,
+        "mean": math.fsum(kls) / n if n else 0.0,
+        "p99": quantile(kls, 0.99) or 0.0,
+        "miss": miss,
+        "nmean": math.fsum(norm) / n if n else 0.0,
+        "np99": quantile(norm, 0.99) or 0.0,
+    }
+
+
+def score(traces: Path, reference_path: Path | None) -> list[dict[str, Any]]:
+    from gate.core.pins.pin import doctrine_for, load_pin
+    from gate.core.traces.trace import read_trace
+    from gate.core.verdict.adjudicate import compare
+    from gate.core.verdict.distribution import points
+    from gate.core.verdict.grid import grid_step
+    from gate.core.verdict.own_lists import candidate_evidence
+    from gate.core.verdict.reference import reference_of
+
+    pin = load_pin(MODEL)
+    oracle = pin.trace
+    whole = doctrine_for(pin)
+    if reference_path is not None:
+        fp32 = read_trace(reference_path, role="candidate")
+        ref = {r.id: r.forced_top_logprobs for r in fp32.records}
+    else:
+        ref = reference_of(oracle)
+    assert ref is not None, "no float32 reference"
+    steps = {}
+    for o in oracle.records:
+        for i, tl in enumerate(o.token_logits or ()):
+            steps[(o.id, i)] = 1000.0 * grid_step(max(abs(float(tl)), 16.0))
+    rows = []
+    for path in sorted(traces.glob("*.jsonl")):
+        meta_path = path.with_suffix(".meta.json")
+        if not meta_path.exists():
+            continue
+        meta = json.loads(meta_path.read_text())
+        if meta["kind"] == "reference" or meta.get("pins"):
+            continue
+        cand = read_trace(path, role="candidate")
+        res = compare(oracle, cand, whole)
+        outcomes = {p.id: p.outcomes for p in res.prompts}
+        ev = candidate_evidence(oracle, cand)
+        row: dict[str, Any] = {"name": path.stem, "kind": meta["kind"], "exit": res.exit_code}
+        row["oracle"] = _stats(points(oracle, cand, outcomes, ev), steps)
+        row["fp32"] = _stats(points(oracle, cand, outcomes, ev, reference=ref), steps)
+        rows.append(row)
+    return rows
+
+
+def figures(row: Mapping[str, Any], stat: str) -> dict[str, float]:
+    base, _, norm = stat.partition("/")
+    s = row[base]
+    if norm:
+        return {"mean": s["nmean"], "p99": s["np99"], "miss": s["miss"]}
+    return {"mean": s["mean"], "p99": s["p99"], "miss": s["miss"]}
+
+
+def report(rows: Sequence[Mapping[str, Any]], margin: float) -> None:
+    honest = [r for r in rows if r["kind"] == "honest"]
+    lossy = [r for r in rows if r["kind"] == "realistic"]
+    for stat in STATS:
+        floor = {f: max(figures(r, stat)[f] for r in honest) for f in FIGS}
+        # A floor with no honest miss at all counts one miss in the positions measured.
+        floor["miss"] = max(floor["miss"], 1.0 / min(r[stat.split("/")[0]]["n"] for r in honest))
+        lim = {f: floor[f] * margin for f in FIGS}
+        print(
+            f"\n## {stat}: honest maxima mean {floor['mean']:.4g}, p99 {floor['p99']:.4g}, miss {floor['miss']:.4f};"
+            f" limits x{margin:g}"
+        )
+        print("| variant | kind | positions | mean | p99 | miss % | mean/lim | p99/lim | miss/lim | ratio |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in [*honest, *lossy, *[r for r in rows if r["kind"] not in ("honest", "realistic")]]:
+            f = figures(r, stat)
+            rat = {k: f[k] / lim[k] for k in FIGS}
+            n = r[stat.split("/")[0]]["n"]
+            print(
+                f"| {r['name']} | {r['kind']} | {n} | {f['mean']:.4g} | {f['p99']:.4g} | {100 * f['miss']:.2f} | "
+                f"{rat['mean']:.2f} | {rat['p99']:.2f} | {rat['miss']:.2f} | {max(rat.values()):.2f} |"
+            )
+        worst_honest = max(max(figures(r, stat)[k] / lim[k] for k in FIGS) for r in honest)
+        best_lossy = min((max(figures(r, stat)[k] / lim[k] for k in FIGS) for r in lossy), default=float("nan"))
+        print(
+            f"worst honest ratio {worst_honest:.2f}, nearest lossy ratio {best_lossy:.2f}, "
+            f"separation {best_lossy / worst_honest:.2f}"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", type=Path)
+    ap.add_argument("--reference", type=Path, default=None)
+    ap.add_argument("--margin", type=float, default=1.5)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    rows = score(a.traces, a.reference)
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    report(rows, a.margin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
