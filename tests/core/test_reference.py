@@ -73,7 +73,7 @@ def test_a_pin_without_a_reference_keeps_the_oracle_floor_and_says_so() -> None:
 
 def test_a_reference_floor_without_the_lists_is_refused() -> None:
     oracle, cand = build(3, 0.3)
-    with pytest.raises(InputError, match="reference_floor.*reference_top_logprobs"):
+    with pytest.raises(InputError, match=r"reference_floor.*reference_top_logprobs"):
         compare(_without_reference(oracle), cand, REF)
 
 
