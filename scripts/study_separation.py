@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FIGS = ("mean", "p99", "miss")
-STATS = ("oracle", "oracle/step2", "fp32", "fp32/step2")
+STATS = ("oracle", "oracle/step2", "oracle/robust", "fp32", "fp32/step2", "fp32/robust")
 
 
 def _stats(pts: Sequence[Any], steps: Mapping[tuple[str, int], float]) -> dict[str, float]:
@@ -48,6 +48,10 @@ def _stats(pts: Sequence[Any], steps: Mapping[tuple[str, int], float]) -> dict[s
         "miss": miss,
         "nmean": math.fsum(norm) / n if n else 0.0,
         "np99": quantile(norm, 0.99) or 0.0,
+        "median": quantile(kls, 0.5) or 0.0,
+        "p90": quantile(kls, 0.9) or 0.0,
+        "trim95": math.fsum(kls[: int(0.95 * n)]) / max(1, int(0.95 * n)),
+        "se": (math.fsum((k - math.fsum(kls) / n) ** 2 for k in kls) / (n - 1) / n) ** 0.5 if n > 1 else 0.0,
     }
 
 
@@ -95,6 +99,8 @@ def score(traces: Path, reference_path: Path | None) -> list[dict[str, Any]]:
 def figures(row: Mapping[str, Any], stat: str) -> dict[str, float]:
     base, _, norm = stat.partition("/")
     s = row[base]
+    if norm == "robust":  # median and trimmed mean instead of mean and p99
+        return {"mean": s["trim95"], "p99": s["median"], "miss": s["miss"]}
     if norm:
         return {"mean": s["nmean"], "p99": s["np99"], "miss": s["miss"]}
     return {"mean": s["mean"], "p99": s["p99"], "miss": s["miss"]}
