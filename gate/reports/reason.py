@@ -133,9 +133,15 @@ def _distribution_clause(result: GateResult) -> str:
     if d.judged:
         f, fl = d.deciding, d.deciding_floor
         assert fl is not None  # judged
-        vs = " vs the float32 reference" if d.by_reference else ""
+        if d.by_reference and f.kl_mean_mnats is not None:
+            base = d.reference_baseline or 0.0
+            return (
+                f"the distribution is within the honest floor (mean KL vs the float32 reference "
+                f"{_n(f.kl_mean_mnats)} mnats, {_n(f.kl_mean_mnats - base)} beyond the oracle's own ≤ "
+                f"{fl.kl_mean_limit:.3f}, {f.positions} positions)"
+            )
         return (
-            f"the distribution is within the honest floor (mean KL{vs} {_n(f.kl_mean_mnats)} mnats ≤ "
+            f"the distribution is within the honest floor (mean KL {_n(f.kl_mean_mnats)} mnats ≤ "
             f"{fl.kl_mean_limit:.3f}, {f.positions} positions)"
         )
     return f"the distribution is not judged: {printable(d.not_judged_reason or '')}"

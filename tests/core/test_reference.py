@@ -36,14 +36,39 @@ def test_the_reference_decides_where_the_pin_carries_it_and_its_floor() -> None:
     out = d.to_dict()
     assert out["judged_against"] == JUDGED_AGAINST_REFERENCE
     assert out["reference"]["limits"]["kl_mean_mnats"] == REFERENCE_FLOOR.kl_mean_limit
-    f = d.reference
+    f, base = d.reference, d.reference_baseline
     assert f.kl_mean_mnats is not None and f.kl_p99_mnats is not None and f.same_top_rate is not None
+    assert base is not None and out["reference"]["oracle_kl_mean_mnats"] == base
+    assert out["reference"]["kl_mean_excess_mnats"] == pytest.approx(f.kl_mean_mnats - base)
     expected = max(
-        f.kl_mean_mnats / REFERENCE_FLOOR.kl_mean_limit,
+        (f.kl_mean_mnats - base) / REFERENCE_FLOOR.kl_mean_limit,
         f.kl_p99_mnats / REFERENCE_FLOOR.kl_p99_limit,
         (1 - f.same_top_rate) / REFERENCE_FLOOR.same_top_miss_limit,
     )
     assert out["ratio"] == pytest.approx(expected)
+
+
+def test_the_mean_is_judged_in_excess_of_the_oracles_own_distance_from_the_reference() -> None:
+    """The oracle itself as the candidate is exactly as far from the reference as the oracle:
+    excess 0, within any floor, however far bf16 sits from float32; a candidate as far again
+    is beyond an excess floor smaller than the oracle's own distance."""
+    oracle, cand = build(3, 0.3)
+    own = replace(
+        cand,
+        records=tuple(
+            replace(c, token_ids=o.token_ids, top_logprobs=o.top_logprobs, forced_token_ids=None, extra={})
+            for o, c in zip(oracle.records, cand.records, strict=True)
+        ),
+    )
+    tight = Floor(1e-3, 1e5, 0.01, 1.5, "excess floor")
+    d = compare(oracle, own, Doctrine(reference_floor=tight)).distribution
+    assert d is not None and d.judged and d.reference is not None and d.reference_baseline is not None
+    assert d.reference_baseline > 0.01  # bf16 noise of REFERENCE_NOISE: the oracle is not the reference
+    assert d.reference.kl_mean_mnats == pytest.approx(d.reference_baseline)
+    assert not d.beyond
+    r = compare(oracle, cand, Doctrine(reference_floor=Floor(1e-3, 1e5, 0.01, 1.5, "excess floor")))
+    assert r.distribution is not None and r.distribution.beyond
+    assert "beyond the oracle's own" in r.distribution.beyond_figures[0]
 
 
 def test_a_run_within_the_oracle_floor_but_beyond_the_reference_floor_fails() -> None:

@@ -43,11 +43,12 @@ from gate.core.traces.trace import Trace
 from gate.core.verdict.coverage import Coverage, context_lists, coverage_of, needed
 from gate.core.verdict.evidence import lp_map
 from gate.core.verdict.floor import Floor
+from gate.core.verdict.floor_check import beyond_floor, limits, ratio_of
 from gate.core.verdict.free_forced import FreeForced, free_forced_of
 from gate.core.verdict.kl import canonical, kl_mnats
 from gate.core.verdict.kl import kl_common_mnats as kl_common_mnats  # re-exported
 from gate.core.verdict.own_lists import CandidateEvidence, OwnLists, candidate_evidence
-from gate.core.verdict.reference import REFERENCE_KEY, Reference, reference_of
+from gate.core.verdict.reference import REFERENCE_KEY, Reference, oracle_own_mean, reference_of
 from gate.errors import InputError
 
 # Fewer measured positions than this and the distribution is shown but not judged.
@@ -297,6 +298,9 @@ class RunDistribution:
     reference: Figures | None = None
     # The honest floor against that reference (the doctrine's `reference_floor`).
     reference_floor: Floor | None = None
+    # The oracle's own mean KL from the reference at the same positions: the mean is judged in
+    # excess of it (`gate.core.verdict.floor_check`).
+    reference_baseline: float | None = None
 
     @property
     def by_reference(self) -> bool:
@@ -341,7 +345,8 @@ class RunDistribution:
         """How close the run came: the largest of the deciding figures over its limit (1.0 at
         the limit, below 1 inside); None without a floor or figures."""
         fl = self.deciding_floor
-        return None if fl is None else ratio_of(self.deciding, fl)
+        base = (self.reference_baseline or 0.0) if self.by_reference else 0.0
+        return None if fl is None else ratio_of(self.deciding, fl, base)
 
     @property
     def beyond(self) -> bool:
@@ -377,6 +382,10 @@ class RunDistribution:
             if self.reference is None
             else {
                 **self.reference.to_dict(),
+                "oracle_kl_mean_mnats": self.reference_baseline,
+                "kl_mean_excess_mnats": None
+                if self.reference.kl_mean_mnats is None or self.reference_baseline is None
+                else self.reference.kl_mean_mnats - self.reference_baseline,
                 "floor": ref.to_dict() if ref is not None else None,
                 "limits": limits(ref) if ref is not None else None,
             },
@@ -389,49 +398,6 @@ class RunDistribution:
 
 JUDGED_AGAINST_REFERENCE = "float32 reference"
 JUDGED_AGAINST_ORACLE = "oracle"
-
-
-def ratio_of(f: Figures, floor: Floor) -> float | None:
-    """The largest of `f`'s mean KL, p99 KL and same-top miss rate over its limit."""
-    if f.kl_mean_mnats is None or f.kl_p99_mnats is None or f.same_top_rate is None:
-        return None
-    return max(
-        f.kl_mean_mnats / floor.kl_mean_limit,
-        f.kl_p99_mnats / floor.kl_p99_limit,
-        (1.0 - f.same_top_rate) / floor.same_top_miss_limit if floor.same_top_miss_limit > 0 else 0.0,
-    )
-
-
-def limits(floor: Floor) -> dict[str, float]:
-    return {
-        "kl_mean_mnats": floor.kl_mean_limit,
-        "kl_p99_mnats": floor.kl_p99_limit,
-        "same_top_rate": 1.0 - floor.same_top_miss_limit,
-    }
-
-
-def beyond_floor(f: Figures, floor: Floor, against: str = "") -> tuple[str, ...]:
-    """Each figure of `f` beyond the floor's limit, said with its numbers (`against`: what the
-    figures were measured against, when not the oracle: "float32 reference")."""
-    out: list[str] = []
-    m = f"{floor.margin:g}"
-    vs = f" vs the {against}" if against else ""
-    if f.kl_mean_mnats is not None and f.kl_mean_mnats > floor.kl_mean_limit:
-        out.append(
-            f"mean KL{vs} {f.kl_mean_mnats:.3f} mnats > {floor.kl_mean_limit:.3f} "
-            f"(honest floor {floor.kl_mean_mnats:g} x margin {m})"
-        )
-    if f.kl_p99_mnats is not None and f.kl_p99_mnats > floor.kl_p99_limit:
-        out.append(
-            f"p99 KL{vs} {f.kl_p99_mnats:.3f} mnats > {floor.kl_p99_limit:.3f} "
-            f"(honest floor {floor.kl_p99_mnats:g} x margin {m})"
-        )
-    if f.same_top_rate is not None and 1.0 - f.same_top_rate > floor.same_top_miss_limit:
-        out.append(
-            f"same top{vs} {100 * f.same_top_rate:.2f}% < {100 * (1 - floor.same_top_miss_limit):.2f}% "
-            f"(honest floor {100 * floor.same_top_rate:g}%, misses x margin {m})"
-        )
-    return tuple(out)
 
 
 def measure_distribution(
@@ -456,10 +422,12 @@ def measure_distribution(
             f"{oracle.path}: the doctrine names a reference_floor, but the pin's records carry no "
             f"{REFERENCE_KEY} (record them with `gate pin reference`, or drop the field)"
         )
-    ref = Figures.of(points(oracle, candidate, outcomes, own, ref_lists)) if ref_lists is not None else None
+    ref_pts = points(oracle, candidate, outcomes, own, ref_lists) if ref_lists is not None else None
+    ref = Figures.of(ref_pts) if ref_pts is not None else None
+    base = oracle_own_mean(oracle, ref_lists, [(p.prompt_id, p.position) for p in ref_pts]) if ref_pts else None
     enough = overall.positions >= MIN_POSITIONS
     if reference_floor is not None and ref is not None:
-        beyond = beyond_floor(ref, reference_floor, JUDGED_AGAINST_REFERENCE) if enough else ()
+        beyond = beyond_floor(ref, reference_floor, JUDGED_AGAINST_REFERENCE, base or 0.0) if enough else ()
     else:
         beyond = beyond_floor(overall, floor) if floor is not None and enough else ()
     return RunDistribution(
@@ -471,4 +439,5 @@ def measure_distribution(
         free_forced=free_forced_of(oracle, candidate, own, floor),
         reference=ref,
         reference_floor=reference_floor,
+        reference_baseline=base,
     )

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gate.core.traces.trace import TopList, Trace, check_top_logprobs
+from gate.core.verdict.coverage import needed
+from gate.core.verdict.kl import canonical, kl_mnats
 from gate.errors import InputError
 
 REFERENCE_KEY = "reference_top_logprobs"
@@ -73,3 +75,17 @@ def reference_info(trace: Trace) -> Mapping[str, Any] | None:
     """The header's description of the reference (`reference`), or None."""
     raw = trace.header.extra.get(REFERENCE_HEADER_KEY)
     return raw if isinstance(raw, Mapping) else None
+
+
+def oracle_own_mean(oracle: Trace, reference: Reference, at: Sequence[tuple[str, int]]) -> float | None:
+    """The oracle's own mean KL from the reference, in mnats, over the positions `at` (prompt
+    id, position): how far the pin's bf16 numbers sit from float32 there. Pin data only."""
+    if not at:
+        return None
+    by_id = oracle.by_id()
+    total = 0.0
+    for pid, i in at:
+        otop = by_id[pid].top_logprobs
+        assert otop is not None  # an oracle record
+        total += kl_mnats(reference[pid][i], canonical(otop[i], needed(otop[i], oracle.header.top_k)))[0]
+    return total / len(at)
