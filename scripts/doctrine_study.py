@@ -145,7 +145,6 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     # Borderline kernel shortcuts (gate.workflows.mutants_kernels): reported, not expected.
     Variant("short-rmsnorm-bf16", BORDERLINE, "every RMSNorm in bfloat16", engine="mutant:rmsnorm-bf16"),
-    Variant("short-softmax-bf16", BORDERLINE, "attention softmax in bfloat16 (eager)", engine="mutant:softmax-bf16"),
     Variant("short-rmsnorm-eps-1e-6", BORDERLINE, "RMSNorm epsilon 1e-6", engine="mutant:rmsnorm-eps-1e-6"),
     # Repeated honest runs: the statistic's variance across runs of one variant.
     _hf("hf-isa-avx512-again", "HF, ATEN_CPU_CAPABILITY=avx512, run again", env={"ATEN_CPU_CAPABILITY": "avx512"}),

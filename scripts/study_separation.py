@@ -106,7 +106,11 @@ def score(traces: Path, reference_path: Path | None) -> list[dict[str, Any]]:
         row["oracle"] = _stats(points(oracle, cand, outcomes, ev), steps)
         pts = points(oracle, cand, outcomes, ev, reference=ref)
         row["fp32"] = _stats(pts, steps)
-        row["fp32"]["base"] = oracle_own_mean(oracle, ref, [(p.prompt_id, p.position) for p in pts]) or 0.0
+        at = [(p.prompt_id, p.position) for p in pts]
+        row["fp32"]["base"] = oracle_own_mean(oracle, ref, at) or 0.0
+        diffs = [p.kl_mnats - (oracle_own_mean(oracle, ref, [k]) or 0.0) for p, k in zip(pts, at, strict=True)]
+        m = math.fsum(diffs) / len(diffs)
+        row["fp32"]["se_excess"] = math.sqrt(math.fsum((d - m) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
         rows.append(row)
     return rows
 
@@ -151,17 +155,51 @@ def report(rows: Sequence[Mapping[str, Any]], margin: float) -> None:
         )
 
 
+def final_table(rows: Sequence[Mapping[str, Any]], old: Any, new: Any) -> None:
+    """One row per variant: against the bf16 oracle under the pin's `floor` (`old`), and
+    against the float32 reference under `new` (a `reference_floor`, the mean as an excess)."""
+    from gate.core.verdict.floor_check import ratio_of
+
+    def fig(mean: float, p99: float, miss: float) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(kl_mean_mnats=mean, kl_p99_mnats=p99, same_top_rate=1.0 - miss)
+
+    print(
+        "\n| variant | kind | vs oracle: mean / p99 KL (mnats), same top | ratio (pin floor) | "
+        "vs float32: mean KL, the oracle's own, excess ± se | p99 KL | same top | ratio (reference floor) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    order = {"honest": 0, "realistic": 1, "borderline": 2}
+    for r in sorted(rows, key=lambda r: order.get(r["kind"], 3)):
+        o, f = r["oracle"], r["fp32"]
+        ro = ratio_of(fig(o["mean"], o["p99"], o["miss"]), old)
+        rn = ratio_of(fig(f["mean"], f["p99"], f["miss"]), new, f["base"])
+        print(
+            f"| {r['name']} | {r['kind']} | {o['mean']:.3f} / {o['p99']:.2f}, {100 * (1 - o['miss']):.2f}% | "
+            f"{ro:.2f} | {f['mean']:.3f}, {f['base']:.3f}, {f['mean'] - f['base']:+.3f} ± {f['se_excess']:.3f} | "
+            f"{f['p99']:.2f} | {100 * (1 - f['miss']):.2f}% | **{rn:.2f}** |"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", type=Path)
     ap.add_argument("--reference", type=Path, default=None)
     ap.add_argument("--margin", type=float, default=1.5)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--floor", type=Path, default=None, help="a reference_floor (JSON) for the final table")
     a = ap.parse_args(argv)
     rows = score(a.traces, a.reference)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     report(rows, a.margin)
+    if a.floor is not None:
+        from gate.core.pins.pin import doctrine_for, load_pin
+        from gate.core.verdict.floor import Floor
+
+        old = doctrine_for(load_pin(MODEL)).floor
+        final_table(rows, old, Floor.from_dict(json.loads(a.floor.read_text()), str(a.floor)))
     return 0
 
 

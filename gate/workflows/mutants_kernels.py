@@ -4,8 +4,6 @@ against the honest floor is a finding of the separation study (docs/studies/
 separation-study.md), not an expectation of the self-test:
 
 - `rmsnorm-bf16`: every RMSNorm computed in bfloat16 (the reference: float32, cast back);
-- `softmax-bf16`: the attention softmax computed in bfloat16 (the reference: float32),
-  through eager attention;
 - `rmsnorm-eps-1e-6`: every RMSNorm with epsilon 1e-6 instead of the model's own.
 """
 
@@ -21,7 +19,6 @@ from gate.core.calibration.selftest import EXPECT_NO_DEFECT, Mutation
 from gate.core.engine import Engine
 from gate.engines.hf.engine import HFEngine
 
-BF16_SOFTMAX = "gate_softmax_bf16"
 OTHER_EPS = 1e-6
 
 
@@ -41,9 +38,6 @@ class KernelShortcutHFEngine(HFEngine):
     name = "hf-kernel-shortcut"
 
     def __init__(self, model: str, *, shortcut: str, **options: Any) -> None:
-        if shortcut == "softmax-bf16":
-            _register_bf16_softmax()
-            options = {**options, "attn_implementation": BF16_SOFTMAX}
         super().__init__(model, **options)
         self.shortcut = shortcut
         for norm in _norms(self.model):
@@ -58,36 +52,8 @@ class KernelShortcutHFEngine(HFEngine):
 
 SHORTCUTS = {
     "rmsnorm-bf16": "every RMSNorm computed in bfloat16",
-    "softmax-bf16": "the attention softmax computed in bfloat16 (eager attention)",
     "rmsnorm-eps-1e-6": f"every RMSNorm with epsilon {OTHER_EPS:g} instead of the model's",
 }
-
-
-def _register_bf16_softmax() -> None:
-    from transformers import AttentionInterface
-    from transformers.models.llama.modeling_llama import repeat_kv
-
-    def attention(
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        scaling: float,
-        dropout: float = 0.0,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        k = repeat_kv(key, module.num_key_value_groups)
-        v = repeat_kv(value, module.num_key_value_groups)
-        w = (torch.matmul(query, k.transpose(2, 3)) * scaling).to(torch.bfloat16)
-        if attention_mask is not None:
-            w = w + attention_mask.to(torch.bfloat16)
-        e = (w - w.amax(dim=-1, keepdim=True)).exp()
-        w = (e / e.sum(dim=-1, keepdim=True)).to(query.dtype)
-        out = torch.matmul(w, v).transpose(1, 2).contiguous()
-        return out, w
-
-    AttentionInterface.register(BF16_SOFTMAX, attention)
 
 
 def borderline_mutations(model: str, options: Mapping[str, str]) -> list[Mutation]:

@@ -155,3 +155,24 @@ def test_no_cut_passes_a_trace_failing_against_the_reference() -> None:
         if checked == 15:
             break
     assert checked == 15
+
+
+def test_the_default_pin_carries_its_float32_reference_and_floor() -> None:
+    """The embedded default judges against float32: lists at every position, the floor in the
+    doctrine, and the oracle itself (its own lists as a candidate) well inside it."""
+    from gate.core.pins.pin import doctrine_for, load_pin
+    from gate.models.default import DEFAULT_MODEL
+
+    pin = load_pin(DEFAULT_MODEL)
+    ref = reference_of(pin.trace)
+    assert ref is not None and all(len(ref[r.id]) == len(r.token_ids) for r in pin.trace.records)
+    doctrine = doctrine_for(pin)
+    assert doctrine.reference_floor is not None and doctrine.floor is not None
+    own = replace(
+        pin.trace,
+        header=replace(pin.trace.header, role="candidate", extra={}),
+        records=tuple(replace(r, extra={}) for r in pin.trace.records),
+    )
+    d = compare(pin.trace, own, doctrine).distribution
+    assert d is not None and d.judged and d.by_reference and not d.beyond
+    assert d.ratio is not None and d.ratio <= 0.67
