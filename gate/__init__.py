@@ -4,7 +4,7 @@ The Python API, for scripts and notebooks (docs/guides/python-api.md)::
 
     import gate
 
-    result = gate.compare(gate.read_trace("oracle.jsonl"), gate.read_trace("candidate.jsonl"))
+    result = gate.compare("oracle.jsonl", "candidate.jsonl")  # paths or gate.read_trace(...)
     result.verdict, result.exit_code
     pin = gate.load_pin("HuggingFaceTB/SmolLM2-135M-Instruct")
     gate.run("hf", pin.model).summary
@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 from gate.version import DISTRIBUTION, __version__, install_line
 
 if TYPE_CHECKING:
-    from gate.api import load_pin, run
+    from gate.api import compare, load_pin, run
     from gate.core.engine import Engine, PromptInput
     from gate.core.pins.pin import Pin
     from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
-    from gate.core.verdict.adjudicate import compare
     from gate.core.verdict.doctrine import Doctrine, Evidence
     from gate.core.verdict.floor import Floor
     from gate.core.verdict.result import Divergence, GateResult, PromptResult
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it (imported on first use).
 _LAZY: dict[str, str] = {
-    "compare": "gate.core.verdict.adjudicate",
+    "compare": "gate.api",
     "read_trace": "gate.core.traces.trace",
     "write_trace": "gate.core.traces.trace",
     "Trace": "gate.core.traces.trace",

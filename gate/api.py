@@ -1,6 +1,8 @@
-"""The Python API's two calls that are more than a re-export: loading a pin by model id or
-folder, and gating an engine against it. `import gate` names them (`gate.load_pin`,
-`gate.run`); everything they return is a frozen record of the core."""
+"""The Python API's calls that are more than a re-export: loading a pin by model id or
+folder, gating an engine against it, and judging two traces. `import gate` names them
+(`gate.load_pin`, `gate.run`, `gate.compare`); everything they return is a frozen record of
+the core. `gate.compare` is the one judging function every door calls
+(`gate.workflows.judge`): the oracle's own doctrine unless the caller passes one."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ from gate.engines.registry import load_engine
 from gate.errors import PinError
 from gate.models.default import DEFAULT_MODEL
 from gate.workflows.engine_calls import open_engine
+from gate.workflows.judge import judge as compare
 from gate.workflows.run import RunPlan, gate_run
+
+__all__ = ["compare", "load_pin", "run"]
 
 PathLike = str | os.PathLike[str]
 
@@ -60,6 +65,15 @@ def run(
     model with `options` (the `--engine-opt` strings) and closed afterwards. `doctrine`
     defaults to the pin's own; `timeout` (seconds) bounds each engine call.
     """
+    if not isinstance(engine, str | Engine):
+        raise TypeError(
+            f"gate.run: engine is a {type(engine).__name__}: expected a loaded engine (a gate.engine.Engine) or an "
+            "engine name (a str: 'hf', an installed plugin's name, 'module:Class')"
+        )
+    if model is not None and not isinstance(model, str | os.PathLike):
+        raise TypeError(f"gate.run: model is a {type(model).__name__}: expected a model id or a pin folder's path")
+    if doctrine is not None and not isinstance(doctrine, Doctrine):
+        raise TypeError(f"gate.run: doctrine is a {type(doctrine).__name__}: expected a gate.Doctrine or None")
     pin = load_pin(model if model is not None else DEFAULT_MODEL, pins_dir)
     judge = doctrine if doctrine is not None else pin.doctrine
     opts = {str(k): str(v) for k, v in (options or {}).items()}

@@ -42,8 +42,10 @@ def gate_candidate(
     strict: bool = False,
     overrides: Overrides | None = None,
 ) -> RunOutcome:
-    """Gate `candidate` against the pin of `model` (a trace: the model its header names;
-    an engine: the default model), as `gate run` (or `gate run --candidate-trace`) would.
+    """Gate `candidate` against the pin of `model` (default: gate's default model), as `gate
+    run` (or `gate run --candidate-trace`) would. The pin is the one the caller names, never
+    the one a trace's header names: a trace for another model is refused (PinError, exit 2)
+    by the provenance check, so a candidate cannot choose a lax pin from `pins_dir`.
 
     An engine is driven but not closed: whoever loaded it owns it. Raises the `GateError`
     `gate run` would raise (a bad trace, no pin, an engine failure)."""
@@ -55,7 +57,7 @@ def gate_candidate(
     if isinstance(candidate, Trace):
         if candidate.role != "candidate":
             raise InputError(f"{candidate.path}: expected a candidate trace, found role {candidate.role!r}")
-        pin = load_pin(model or candidate.header.model, pins)
+        pin = load_pin(model or default_model(), pins)
         return gate_trace_against_pin(pin, candidate, doctrine_for(pin, flags, strict=strict))
     if isinstance(candidate, Engine):
         pin = load_pin(model or default_model(), pins)

@@ -8,15 +8,21 @@ Each flag defaults to an environment variable (`GATE_MODEL`, `GATE_ENGINE`,
 hands its inputs over as environment variables, never spliced into a shell line.
 
 It gates the candidate (a trace, else the engine, through `gating`, the functions of
-`gate run`), writes the reports into the report folder (JSON, Markdown, JUnit; the
+`gate run`) against the pin of the `model` input, else gate's default model (never the pin
+a trace's header names), writes the reports into the report folder (JSON, Markdown, JUnit; the
 candidate's trace when an engine ran; the diff against the baseline report when one is
 given), appends the Markdown report to `GITHUB_STEP_SUMMARY` once (and the diff's, once),
 and writes the outputs to `GITHUB_OUTPUT`: verdict, exit-code, prompts, strict-pass,
 ratified-pass, exact-ties, near-ties, defects, summary, report-dir, report-json,
 report-markdown, report-junit, candidate-trace, diff-exit, diff-json, diff-markdown.
 
+Nothing is lost: before any work it refuses a baseline or trace where it writes a report,
+a report folder that is a file, and a GITHUB_OUTPUT or job summary that is an input or a
+report (or, GITHUB_OUTPUT, a folder); the baseline is read before anything is written.
+Every line it prints goes through `workflow_commands`, so no text becomes a runner command.
+
 Exit: the gate's (0 pass, 1 fail); 1 also when NEW is worse than the baseline; 2 for bad
-input (a baseline of another pin included); 3 for an engine failure.
+input (a baseline of another pin included); 3 for an engine failure; 4 for a bug in gate.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ import argparse
 import os
 import shlex
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from gate.errors import GateError, InputError
+from gate.errors import INTERNAL_ERROR_EXIT, GateError, InputError, TraceError
+from gate.integrations.workflow_commands import RunnerLog, runner_log, write_outputs
 
 DEFAULT_REPORT_DIR = "gate-reports"
 REPORT_JSON = "gate-report.json"
@@ -85,42 +94,90 @@ def engine_options(text: str) -> dict[str, str]:
     return out
 
 
-def write_outputs(values: Mapping[str, object], env: Mapping[str, str]) -> None:
-    """`name=value` lines appended to GITHUB_OUTPUT (stdout when it is not set)."""
-    lines = []
-    for name, value in values.items():
-        text = "" if value is None else str(value)
-        if "\n" in text:  # one line each: a value never spans lines here, but never trust it
-            text = " ".join(text.split())
-        lines.append(f"{name}={text}\n")
-    target = env.get("GITHUB_OUTPUT")
-    if target:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.writelines(lines)
-    else:
-        sys.stdout.writelines(lines)
+def report_paths(args: argparse.Namespace) -> dict[str, Path]:
+    """Each file the step writes, by its output's name: the reports, the candidate's trace
+    when an engine runs, the diff when a baseline is given."""
+    folder = Path(args.report_dir)
+    paths = {
+        "report-json": folder / REPORT_JSON,
+        "report-markdown": folder / REPORT_MARKDOWN,
+        "report-junit": folder / REPORT_JUNIT,
+    }
+    if not args.candidate_trace:
+        paths["candidate-trace"] = folder / CANDIDATE_TRACE
+    if args.baseline_report:
+        paths["diff-json"] = folder / DIFF_JSON
+        paths["diff-markdown"] = folder / DIFF_MARKDOWN
+    return paths
 
 
-def append_summary(markdown: str, env: Mapping[str, str]) -> None:
-    from gate.core.storage.atomic import append_problem, append_regular
+def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """`a` and `b` are one file: by identity where both exist, else by resolved path."""
+    from gate.core.storage.atomic import same_file
 
-    target = env.get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return
-    problem = append_problem(target)
-    if problem is not None:
-        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {problem}", file=sys.stderr)
-        return
+    return same_file(a, [b]) is not None or os.path.realpath(a) == os.path.realpath(b)
+
+
+def _inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
+def check_runner_files(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """GITHUB_OUTPUT and GITHUB_STEP_SUMMARY, before any work: each a file (or none yet),
+    neither one the step reads (an input, a file under pins-dir or model-path) nor one it
+    writes (a report): a report appended into the baseline, or the outputs into a report,
+    is a file lost. Exit 2, naming the variable."""
+    read = {"candidate-trace": args.candidate_trace, "baseline-report": args.baseline_report}
+    folders = {"pins-dir": args.pins_dir, "model-path": args.model_path}
+    written = report_paths(args)
+    for var in ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY"):
+        target = env.get(var)
+        if not target:
+            continue
+        if var == "GITHUB_OUTPUT" and os.path.isdir(target):
+            raise InputError(f"GITHUB_OUTPUT {target}: is a folder; the runner's outputs file must be a file")
+        for name, path in read.items():
+            if path and _same(target, path):
+                raise InputError(f"{var} {target}: is the input {name}; the step never writes into a file it reads")
+        for name, folder in folders.items():
+            if folder and _inside(target, folder):
+                raise InputError(f"{var} {target}: is inside the input {name} {folder}; the step never writes there")
+        for name, path in written.items():
+            if _same(target, path):
+                raise InputError(f"{var} {target}: is the step's {name} ({path}); each file has one writer")
+
+
+def check_report_folder(args: argparse.Namespace, paths: Mapping[str, Path]) -> None:
+    """The report folder is one (or is made), and no file the step writes there is an input:
+    a baseline downloaded where the new report goes would be replaced before the diff reads
+    it. Exit 2, before any work."""
+    from gate.core.storage.atomic import REPORT, TRACE, check_target
+
+    folder = Path(args.report_dir)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"input report-dir: {folder}: is a file, not a folder")
+    read = {"candidate-trace": args.candidate_trace, "baseline-report": args.baseline_report}
+    for key, path in paths.items():
+        for name, given in read.items():
+            if given and _same(given, path):
+                raise InputError(
+                    f"input {name}: {given} is where the step writes its {key} ({path}): it would be replaced "
+                    "before it is read",
+                    hint=f"put the {name} in another folder, or give another report-dir",
+                )
+        check_target(path, TRACE if key == "candidate-trace" else REPORT, force=True, flag=f"output {key}:")
     try:
-        append_regular(target, markdown.rstrip("\n") + "\n\n")
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}", file=sys.stderr)
+        raise InputError(f"input report-dir: {folder}: cannot be made: {exc.strerror or exc}") from None
 
 
-def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def run(args: argparse.Namespace, env: Mapping[str, str], log: RunnerLog) -> int:
     from gate.core.storage.atomic import atomic_write
+    from gate.core.storage.json_file import read_json
     from gate.core.traces.trace import encode_trace
-    from gate.integrations.gating import Overrides, gate_candidate, gate_engine_named
+    from gate.core.verdict.diff import parse_report
+    from gate.integrations.gating import Overrides, default_model, gate_candidate, gate_engine_named
     from gate.reports import render
 
     strict = flag(args.strict, "strict")
@@ -131,43 +188,43 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     overrides = Overrides(near_tie_mnats=near)
     if args.candidate_trace and args.engine:
         raise InputError("inputs candidate-trace and engine: give one (a trace is gated as it is, no engine runs)")
-    folder = Path(args.report_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     baseline = Path(args.baseline_report) if args.baseline_report else None
     if baseline is not None and not baseline.is_file():
         raise InputError(f"input baseline-report: {baseline}: no such file")
+    paths = report_paths(args)
+    check_report_folder(args, paths)
+    # Read before anything is written: what the diff compares is the baseline as it was given.
+    base = parse_report(read_json(baseline, what=REPORT), str(baseline)) if baseline is not None else None
 
+    # The pin is the one the user names, else the default: never the one a trace's header
+    # names (a candidate would choose its own judge); a trace for another model is refused.
+    model = args.model or default_model()
     if args.candidate_trace:
         outcome = gate_candidate(
-            args.candidate_trace, model=args.model, pins_dir=args.pins_dir, strict=strict, overrides=overrides
+            args.candidate_trace, model=model, pins_dir=args.pins_dir, strict=strict, overrides=overrides
         )
     else:
         outcome = gate_engine_named(
             args.engine or "hf",
             engine_options(args.engine_options),
-            model=args.model,
+            model=model,
             model_path=args.model_path,
             pins_dir=args.pins_dir,
             strict=strict,
             overrides=overrides,
         )
     result = outcome.result
-    paths = {
-        "report-json": folder / REPORT_JSON,
-        "report-markdown": folder / REPORT_MARKDOWN,
-        "report-junit": folder / REPORT_JUNIT,
-    }
+    report_json = render(result, "json")
     markdown = render(result, "markdown")
-    for key, fmt in (("report-json", "json"), ("report-markdown", "markdown"), ("report-junit", "junit")):
-        text = markdown if fmt == "markdown" else render(result, fmt)
+    texts = {"report-json": report_json, "report-markdown": markdown, "report-junit": render(result, "junit")}
+    for key, text in texts.items():
         atomic_write(paths[key], text.encode("utf-8"), overwrite=True)
-    trace_path = None
-    if not args.candidate_trace:
-        trace_path = folder / CANDIDATE_TRACE
-        atomic_write(trace_path, encode_trace(outcome.candidate.header, outcome.candidate.records), overwrite=True)
-    append_summary(markdown, env)
-    print(result.summary, file=sys.stderr)
-    print(f"reports written to {folder}", file=sys.stderr)
+    if "candidate-trace" in paths:
+        trace = encode_trace(outcome.candidate.header, outcome.candidate.records)
+        atomic_write(paths["candidate-trace"], trace, overwrite=True)
+    append_summary(markdown, env, log)
+    log.say(result.summary)
+    log.say(f"reports written to {args.report_dir}")
 
     counts = result.counts
     outputs: dict[str, object] = {
@@ -180,60 +237,92 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "near-ties": counts["near_ties"],
         "defects": counts["defects"],
         "summary": result.summary,
-        "report-dir": folder,
-        **{k: v for k, v in paths.items()},
-        "candidate-trace": trace_path or "",
+        "report-dir": args.report_dir,
+        **{k: paths[k] for k in texts},
+        "candidate-trace": paths.get("candidate-trace", ""),
         "diff-exit": "",
         "diff-json": "",
         "diff-markdown": "",
     }
     code = result.exit_code
-    if baseline is not None:
-        diff_code = _diff(baseline, paths["report-json"], folder, outputs, env)
-        code = max(code, diff_code)
+    if base is not None:
+        import json
+
+        new = parse_report(json.loads(report_json), str(paths["report-json"]))
+        code = max(code, _diff(base, new, paths, outputs, env, log))
     write_outputs(outputs, env)
     return code
 
 
-def _diff(baseline: Path, new: Path, folder: Path, outputs: dict[str, object], env: Mapping[str, str]) -> int:
+def _diff(
+    base: Any, new: Any, paths: Mapping[str, Path], outputs: dict[str, object], env: Mapping[str, str], log: RunnerLog
+) -> int:
     """The diff of this run against the baseline: its reports, summary and outputs; its exit code."""
     from gate.core.storage.atomic import atomic_write
-    from gate.core.storage.json_file import read_json
-    from gate.core.verdict.diff import diff_reports, parse_report
+    from gate.core.verdict.diff import diff_reports
     from gate.reports import render
 
     try:
-        diff = diff_reports(
-            parse_report(read_json(baseline, what=REPORT), str(baseline)),
-            parse_report(read_json(new, what=REPORT), str(new)),
-        )
+        diff = diff_reports(base, new)
     except InputError as exc:
-        print(f"::error::gate diff: {exc}", file=sys.stderr)
+        log.error(f"gate diff: {exc}")
         outputs["diff-exit"] = exc.exit_code
         return exc.exit_code
     md = render(diff, "markdown")
-    atomic_write(folder / DIFF_JSON, render(diff, "json").encode("utf-8"), overwrite=True)
-    atomic_write(folder / DIFF_MARKDOWN, md.encode("utf-8"), overwrite=True)
-    append_summary(md, env)
-    print(diff.summary, file=sys.stderr)
+    atomic_write(paths["diff-json"], render(diff, "json").encode("utf-8"), overwrite=True)
+    atomic_write(paths["diff-markdown"], md.encode("utf-8"), overwrite=True)
+    append_summary(md, env, log)
+    log.say(diff.summary)
     outputs.update(
-        {"diff-exit": diff.exit_code, "diff-json": folder / DIFF_JSON, "diff-markdown": folder / DIFF_MARKDOWN}
+        {"diff-exit": diff.exit_code, "diff-json": paths["diff-json"], "diff-markdown": paths["diff-markdown"]}
     )
     return diff.exit_code
 
 
+def append_summary(markdown: str, env: Mapping[str, str], log: RunnerLog) -> None:
+    from gate.core.storage.atomic import append_problem, append_regular
+
+    target = env.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    problem = append_problem(target)
+    if problem is None:
+        try:
+            append_regular(target, markdown.rstrip("\n") + "\n\n")
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+    if problem is not None:
+        log.say(f"gate: warning: cannot append to GITHUB_STEP_SUMMARY {target}: {problem}")
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
-    try:
+    with runner_log(env) as log:
         args = parse_args(argv, env)
-        return run(args, env)
-    except GateError as exc:
-        # A workflow annotation (`::error::`) and the outputs a later step can test.
-        print(f"::error::gate: error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        write_outputs({"verdict": "error", "exit-code": exc.exit_code}, env)
-        return exc.exit_code
+        outputs_ok = False
+        try:
+            check_runner_files(args, env)
+            outputs_ok = True
+            return run(args, env, log)
+        except GateError as exc:
+            # A workflow annotation (`::error::`) and the outputs a later step can test.
+            # A trace's fault is shown on its line (the file as given, relative to the workspace).
+            at = {"file": exc.path, "line": exc.line} if isinstance(exc, TraceError) else {}
+            log.error(f"gate: error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else ""), **at)
+            if outputs_ok:
+                try:
+                    write_outputs({"verdict": "error", "exit-code": exc.exit_code}, env)
+                except InputError as more:
+                    log.error(f"gate: error: {more}")
+            return exc.exit_code
+        except OSError as exc:  # a report that cannot be written, a folder that vanished: as atomic_write's
+            where = f"{exc.filename}: " if exc.filename else ""
+            log.error(f"gate: error: {where}{exc.strerror or exc}")
+            return InputError.exit_code
+        except Exception as exc:  # a bug in gate: its traceback inside the bracket, one line after
+            traceback.print_exc()
+            log.error(f"gate: internal error (a bug in gate): {type(exc).__name__}: {exc}")
+            return INTERNAL_ERROR_EXIT
 
 
 if __name__ == "__main__":

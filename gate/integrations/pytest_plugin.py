@@ -11,7 +11,8 @@ near_tie_ulps=None, no_evidence=False)` gates the candidate against the pin exac
 `gate run` does and returns the `GateResult`; a verdict that is not a pass fails the test
 with the one-line summary and the reason. With `--gate-report-dir DIR` (or the ini option
 `gate_report_dir`) every call writes its full report there, JSON and Markdown, named after
-the test (a rerun replaces the reports of the same test).
+the test (a rerun replaces the reports of the same test; two tests never share a file: a
+name the folding to safe characters made ambiguous carries a hash of the test's node id).
 
 pytest imports this module in every session on a machine with gate installed: it imports
 pytest and the standard library only; gate's pipeline is imported when a test gates.
@@ -19,6 +20,7 @@ pytest and the standard library only; gate's pipeline is imported when a test ga
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -34,7 +36,12 @@ REPORT_DIR_OPTION = "--gate-report-dir"
 REPORT_DIR_INI = "gate_report_dir"
 PINS_DIR_OPTION = "--gate-pins-dir"
 PINS_DIR_INI = "gate_pins_dir"
-_WRITTEN = pytest.StashKey[list[Path]]()
+_WRITTEN = pytest.StashKey[dict[Path, None]]()
+# Report stem -> the node id that wrote it, this session: a second node id folded onto one
+# name (`sub/test_a.py::test_b`, `sub_test_a.py::test_b`) gets the hashed name.
+_STEMS = pytest.StashKey[dict[str, str]]()
+# Node ids made file names keep this much of their readable form.
+_STEM_CHARS = 150
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,7 +65,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_WRITTEN] = []
+    config.stash[_WRITTEN] = {}
+    config.stash[_STEMS] = {}
+    folder = _folder(config, "gate_report_dir", REPORT_DIR_INI)
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise pytest.UsageError(f"{REPORT_DIR_OPTION} {folder}: is not a folder (a file of that name exists)")
 
 
 def _folder(config: pytest.Config, option: str, ini: str) -> Path | None:
@@ -73,11 +84,18 @@ def _folder(config: pytest.Config, option: str, ini: str) -> Path | None:
     return None
 
 
-def report_stem(nodeid: str, call: int) -> str:
+def report_stem(nodeid: str, call: int, *, hashed: bool = False) -> str:
     """A file name for a test's report: its node id with anything outside [A-Za-z0-9._-]
-    made '_', and the call's number after the first."""
+    made '_', and the call's number after the first. Where that folding could make two node
+    ids one name (a parametrized id or any character but the path's '/' and '::' folded, a
+    cut past 150 characters), or when `hashed`, the first 12 hex digits of the node id's
+    SHA-256 follow."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", nodeid).strip("_.") or "gate_check"
-    return stem[:200] + (f"-{call}" if call > 1 else "")
+    plain = re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*(::[A-Za-z0-9._-]+)+", nodeid)
+    if hashed or plain is None or len(stem) > _STEM_CHARS:
+        digest = hashlib.sha256(nodeid.encode("utf-8")).hexdigest()[:12]
+        stem = f"{stem[:_STEM_CHARS]}-{digest}"
+    return stem + (f"-{call}" if call > 1 else "")
 
 
 class GateCheck:
@@ -105,6 +123,7 @@ class GateCheck:
         from gate.integrations.gating import Overrides, failure_reason, gate_candidate, passed
 
         self._calls += 1
+        error = ""
         try:
             outcome = gate_candidate(
                 candidate,
@@ -114,7 +133,9 @@ class GateCheck:
                 overrides=Overrides(near_tie_mnats, near_tie_ulps, no_evidence),
             )
         except GateError as exc:
-            pytest.fail(f"gate: error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else ""), pytrace=False)
+            error = f"gate: error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+        if error:  # failed outside the handler: the message once, not again as a chained exception
+            pytest.fail(error, pytrace=False)
         result = outcome.result
         written = self._write(result)
         self._node.user_properties.append(("gate", result.summary))
@@ -129,15 +150,26 @@ class GateCheck:
         from gate.core.storage.atomic import atomic_write
         from gate.reports import render
 
-        stem = report_stem(self._node.nodeid, self._calls)
-        self._report_dir.mkdir(parents=True, exist_ok=True)
+        nodeid = self._node.nodeid
+        stems = self._node.config.stash[_STEMS]
+        stem = report_stem(nodeid, self._calls)
+        if stems.setdefault(stem, nodeid) != nodeid:
+            stem = report_stem(nodeid, self._calls, hashed=True)
         out = []
-        for fmt, suffix in (("json", ".json"), ("markdown", ".md")):
-            path = self._report_dir / (stem + suffix)
-            atomic_write(path, render(result, fmt).encode("utf-8"), overwrite=True)
-            out.append(path)
+        problem = ""
+        try:
+            self._report_dir.mkdir(parents=True, exist_ok=True)
+            for fmt, suffix in (("json", ".json"), ("markdown", ".md")):
+                path = self._report_dir / (stem + suffix)
+                atomic_write(path, render(result, fmt).encode("utf-8"), overwrite=True)
+                out.append(path)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            problem = f"gate: error: {REPORT_DIR_OPTION} {self._report_dir}: cannot write the report ({reason})"
+        if problem:
+            pytest.fail(problem, pytrace=False)
         self.reports += out
-        self._node.config.stash[_WRITTEN].extend(out)
+        self._node.config.stash[_WRITTEN].update(dict.fromkeys(out))
         return out
 
 
@@ -154,7 +186,9 @@ def gate_check(request: pytest.FixtureRequest) -> Callable[..., GateResult]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    written = config.stash.get(_WRITTEN, [])
+    # Each file once, however often it was replaced.
+    seen: dict[Path, None] = config.stash.get(_WRITTEN, {})
+    written = list(seen)
     if written:
         folders = sorted({str(p.parent) for p in written})
         terminalreporter.write_line(f"gate: {len(written)} report file(s) written to {', '.join(folders)}")

@@ -33,10 +33,9 @@ from gate.core.storage.files import display_path, portable
 from gate.core.traces.machine import machine_meta
 from gate.core.traces.shards import format_shard, select_shard
 from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
-from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import GateResult
-from gate.core.verdict.routing import attribute_routing, oracle_routing
+from gate.core.verdict.routing import oracle_routing
 from gate.core.verdict.run_record import Interruption, RunRecord
 from gate.errors import EngineError, InputError, Interrupted
 from gate.workflows.engine_calls import (
@@ -48,6 +47,7 @@ from gate.workflows.engine_calls import (
     late_info,
 )
 from gate.workflows.guard import GuardedEngine, vocab_size_of
+from gate.workflows.judge import judge
 from gate.workflows.progress import QUIET, Progress, ProgressLog
 from gate.workflows.provenance import HASH_KEYS, check_prompt_tokens, check_provenance, model_hashes
 
@@ -392,7 +392,7 @@ def gate_run(
             # The free run is complete and in the progress file; forcing starts over on resume.
             raise _interrupted(pin, records, info, header, doctrine, timings, plan) from None
     with timed(timings, "adjudicate_s"):
-        result = attribute_routing(compare(pin.trace, candidate, doctrine), pin.trace, candidate)
+        result = judge(pin.trace, candidate, doctrine)
         result = add_token_texts(
             result, lambda ids: engine_call(engine, "decode_tokens", partial(engine.decode_tokens, ids))
         )
@@ -421,7 +421,7 @@ def _interrupted(
     total = len(pin.trace.records)
     part = shard_pin(pin, [r.id for r in records])
     candidate = Trace(header=header, records=tuple(records), path="<interrupted>")
-    result = compare(part.trace, candidate, doctrine)
+    result = judge(part.trace, candidate, doctrine)
     record = run_record(part, info, timings, (), interrupted=Interruption(len(records), total))
     outcome = RunOutcome(result=replace(result, run=record), candidate=candidate, timings=timings)
     where = (
@@ -466,7 +466,7 @@ def gate_trace_against_pin(
             hashes={k: str(stated[k]) for k in HASH_KEYS if stated.get(k)},
         )
     with timed(timings, "adjudicate_s"):
-        result = attribute_routing(compare(pin.trace, candidate, doctrine), pin.trace, candidate)
+        result = judge(pin.trace, candidate, doctrine)
     record = run_record(pin, dict(header.engine), timings, ())
     return RunOutcome(result=replace(result, run=record), candidate=candidate, timings=timings)
 
