@@ -422,9 +422,12 @@ def measure_distribution(
             f"{oracle.path}: the doctrine names a reference_floor, but the pin's records carry no "
             f"{REFERENCE_KEY} (record them with `gate pin reference`, or drop the field)"
         )
-    ref_pts = points(oracle, candidate, outcomes, own, ref_lists) if ref_lists is not None else None
-    ref = Figures.of(ref_pts) if ref_pts is not None else None
-    base = oracle_own_mean(oracle, ref_lists, [(p.prompt_id, p.position) for p in ref_pts]) if ref_pts else None
+    ref: Figures | None = None
+    base: float | None = None
+    if ref_lists is not None:
+        ref_pts = points(oracle, candidate, outcomes, own, ref_lists)
+        ref = Figures.of(ref_pts)
+        base = oracle_own_mean(oracle, ref_lists, [(p.prompt_id, p.position) for p in ref_pts])
     enough = overall.positions >= MIN_POSITIONS
     if reference_floor is not None and ref is not None:
         beyond = beyond_floor(ref, reference_floor, JUDGED_AGAINST_REFERENCE, base or 0.0) if enough else ()

@@ -12,12 +12,20 @@ Pure: no I/O, no torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gate.core.verdict.floor import Floor
 
-if TYPE_CHECKING:
-    from gate.core.verdict.distribution import Figures
+
+class Figures(Protocol):
+    """What is judged of a run's figures (`gate.core.verdict.distribution.Figures`)."""
+
+    @property
+    def kl_mean_mnats(self) -> float | None: ...
+    @property
+    def kl_p99_mnats(self) -> float | None: ...
+    @property
+    def same_top_rate(self) -> float | None: ...
 
 
 def ratio_of(f: Figures, floor: Floor, baseline: float = 0.0) -> float | None:
