@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from gate.api import compare, load_pin, run
     from gate.core.engine import Engine, PromptInput
     from gate.core.pins.pin import Pin
-    from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+    from gate.core.traces.reader import read_trace
+    from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, write_trace
     from gate.core.verdict.doctrine import Doctrine, Evidence
     from gate.core.verdict.floor import Floor
     from gate.core.verdict.result import Divergence, GateResult, PromptResult
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 # Public name -> the module that defines it (imported on first use).
 _LAZY: dict[str, str] = {
     "compare": "gate.api",
-    "read_trace": "gate.core.traces.trace",
+    "read_trace": "gate.core.traces.reader",
     "write_trace": "gate.core.traces.trace",
     "Trace": "gate.core.traces.trace",
     "TraceHeader": "gate.core.traces.trace",

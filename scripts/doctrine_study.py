@@ -210,7 +210,8 @@ def _machine() -> dict[str, Any]:
 
 def run_one(name: str, out: Path) -> int:
     from gate.core.pins.pin import load_pin
-    from gate.core.traces.trace import Trace, TraceHeader, read_trace, write_trace
+    from gate.core.traces.reader import read_trace
+    from gate.core.traces.trace import Trace, TraceHeader, write_trace
     from gate.engines.registry import load_engine
     from gate.workflows.run import force_diverged, run_candidate
 
@@ -423,7 +424,7 @@ def fp32_sides(result: Any, fp32: Any) -> str:
 def print_table(out: Path, margin: float | None = None) -> int:
     from gate.core.pins.pin import doctrine_for, load_pin
     from gate.core.traces.machine import machine_key, machine_of
-    from gate.core.traces.trace import read_trace
+    from gate.core.traces.reader import read_trace
     from gate.core.verdict.adjudicate import compare
     from gate.core.verdict.doctrine import Doctrine, Evidence
 

@@ -46,7 +46,8 @@ from helpers.trace_fuzzing import encode, mutate, valid_trace
 
 class Fuzz:
     def __init__(self, folder: Path, seconds: float) -> None:
-        from gate.core.traces.trace import Trace, encode_trace, read_trace
+        from gate.core.traces.reader import read_trace
+        from gate.core.traces.trace import Trace, encode_trace
         from gate.errors import TraceError
 
         self._read, self._encode, self._trace_cls, self._error = read_trace, encode_trace, Trace, TraceError
@@ -225,7 +226,7 @@ def main() -> None:
             import atheris
 
             with atheris.instrument_imports(include=["gate"]):
-                import gate.core.traces.trace  # noqa: F401
+                import gate.core.traces.reader  # noqa: F401
             fuzz = Fuzz(folder, args.seconds)
             print(f"fuzz_trace: atheris for {args.seconds:.0f} s", file=sys.stderr)
             run_atheris(fuzz, args.seed, folder, args.libfuzzer_args)

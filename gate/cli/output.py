@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gate.core.storage.atomic import (
     REPORT,
@@ -33,6 +33,9 @@ from gate.core.storage.atomic import (
     same_file,
 )
 from gate.errors import InputError
+
+if TYPE_CHECKING:
+    from gate.reports import Reportable
 
 STDOUT = Path("-")
 
@@ -139,7 +142,7 @@ def write_data(data: bytes, output: Path | None, *, force: bool = False, backup:
 
 
 def emit(
-    result: Any,
+    result: Reportable,
     fmt: str,
     output: Path | None = None,
     *,
@@ -206,7 +209,7 @@ def append_text(text: str, target: Path, what: str) -> bool:
     return True
 
 
-def append_step_summary(result: Any) -> None:
+def append_step_summary(result: Reportable) -> None:
     """In a GitHub Actions job, append the Markdown report to the job summary, whatever the
     format asked for (unless `--output` named the summary itself: `emit` wrote it there)."""
     from gate.reports import has_format, render

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from gate.core.engine import Engine
 from gate.core.pins.pin import doctrine_for, load_pin
-from gate.core.traces.trace import Trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace
 from gate.core.verdict.doctrine import apply_overrides
 from gate.core.verdict.result import DEFECT, RATIFIED_PASS, GateResult
 from gate.errors import InputError
@@ -85,8 +86,9 @@ def failure_reason(result: GateResult) -> str:
     if defects:
         d = defects[0]
         more = f" (and {len(defects) - 1} more)" if len(defects) > 1 else ""
+        first = "first divergence not judged for want of evidence" if d.want_of_evidence else "first defect"
         return (
-            f"{verdict}: first defect at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
+            f"{verdict}: {first} at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
             f"candidate token {d.candidate_token}){more}: {why(d, result.doctrine, with_rule=False)}"
         )
     unratified = [p.id for p in result.prompts if not p.ratified]

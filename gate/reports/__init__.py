@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any
+from typing import Any, Protocol
 
 from gate.errors import InputError
+
+
+class Reportable(Protocol):
+    """What every command's result has for the output sink: its renderers, found by its type's
+    name in `RENDERERS` and `TERMINAL`, and its one-line summary (said on stderr when the
+    report goes to a file). Its exit code is the command's business."""
+
+    @property
+    def summary(self) -> str: ...
+
 
 # (result type, format) -> "module:function" giving the report as text.
 RENDERERS: dict[tuple[str, str], str] = {
@@ -75,18 +85,18 @@ def _with_details(func: Any, details: bool) -> dict[str, bool]:
     return {"details": True} if details and "details" in inspect.signature(func).parameters else {}
 
 
-def render(result: Any, fmt: str, *, details: bool = False) -> str:
+def render(result: Reportable, fmt: str, *, details: bool = False) -> str:
     """`result` as text in `fmt` (`details`: with the details section, where it has one)."""
     kind = type(result).__name__
     func = _load(RENDERERS[kind, check_format(kind, fmt)])
     return str(func(result, **_with_details(func, details)))
 
 
-def has_format(result: Any, fmt: str) -> bool:
+def has_format(result: Reportable, fmt: str) -> bool:
     return (type(result).__name__, fmt) in RENDERERS
 
 
-def print_rich(result: Any, console: Any, *, details: bool = False) -> None:
+def print_rich(result: Reportable, console: Any, *, details: bool = False) -> None:
     """Draw `result`'s rich report on `console` (a terminal: colour, its width)."""
     func = _load(TERMINAL[type(result).__name__])
     func(result, console, **_with_details(func, details))

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
+from gate.core.verdict.chain import RULE_BY_CODE, plain_rule
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import (
     DEFECT,
@@ -18,19 +19,6 @@ from gate.core.verdict.result import (
     STRICT_PASS,
     Divergence,
     GateResult,
-)
-from gate.core.verdict.rules import (
-    RULE_BEYOND_GRID,
-    RULE_DRIFT_BEYOND,
-    RULE_EVIDENCE,
-    RULE_GRID,
-    RULE_NEGATIVE_MARGIN,
-    RULE_NO_LIST,
-    RULE_NOT_GREEDY,
-    RULE_NOT_IN_TOP_K,
-    RULE_ORACLE_GAP,
-    RULE_OWN_MARGIN,
-    RULE_RAN_OUT,
 )
 from gate.text import printable
 
@@ -119,77 +107,44 @@ def tie_break_line(d: Divergence) -> str:
 
 
 def why(d: Divergence, doctrine: Doctrine | float, *, with_rule: bool = True) -> str:
-    """One sentence: why this divergence has its class, from the rule that decided it
-    (`Divergence.rule`), with the limit and the unit it was judged in (and, for an exact
-    tie, the tie-break rule). `doctrine` may be the bare near-tie threshold in mnats."""
+    """One sentence: why this divergence has its class. The words are those of the rule that
+    decided it (`Divergence.rule`, its `sentence` in `gate.core.verdict.chain.CHAIN`); here
+    only its figures are filled in, with the limit and the unit it was judged in (and, for an
+    exact tie, the tie-break rule unless `with_rule` is off). `doctrine` may be the bare
+    near-tie threshold in mnats."""
     doc = doctrine if isinstance(doctrine, Doctrine) else Doctrine(near_tie_mnats=float(doctrine))
-    mnats = fmt_mnats(doc.near_tie_mnats)
-    below = f"{fmt_mnats(d.oracle_minus_candidate_mnats)} mnats"
-    steps = f" ({fmt_ulps(d.gap_ulps)} grid steps of its logit)" if d.gap_ulps is not None else ""
-    ev = doc.evidence
-    unit = f"units of {fmt_mnats(d.unit_mnats)} mnats" if d.unit_mnats is not None else "units"
-    rule = d.rule
-    if rule == RULE_NOT_GREEDY:
-        return (
-            "defect: the candidate is not greedy over its own logprobs (at some position of the run it did not take "
-            "the top of the list it reports; see 'not greedy'), so its flips earn no allowance"
-            + (f"; the candidate's token is {below} below the oracle's" if d.oracle_minus_candidate_mnats else "")
-        )
-    if d.cls == EXACT_TIE:
-        direction = "higher" if d.tie_break == "higher_id" else "lower"
-        tie_rule = f"; {TIE_BREAK_RULE}" if with_rule else ""
-        return (
-            f"exact tie: both logprobs are {fmt_logprob(d.oracle_logprob)} bit for bit; the candidate took the "
-            f"{direction} id{tie_rule}"
-        )
-    if d.cls == NEAR_TIE:
-        if rule == RULE_EVIDENCE and ev is not None:
-            return (
-                f"near tie by the evidence rule: the oracle's gap is {fmt_ulps(d.gap_units)} {unit} "
-                f"(limit {ev.oracle_ulps:g}; {below}{steps}) and the candidate's own list holds its token "
-                f"{fmt_ulps(d.candidate_margin_ulps)} units above the oracle's (limit {ev.candidate_ulps:g}), "
-                f"in a run not found drifting beyond the doctrine — beyond the {mnats}-mnat threshold"
-            )
-        if rule == RULE_GRID and doc.near_tie_ulps is not None:
-            return (
-                f"near tie by the grid rule: the candidate's token is {below}{steps} below the oracle's, within "
-                f"{doc.near_tie_ulps:g} grid steps (no own list weighed here) — beyond the {mnats}-mnat threshold"
-            )
-        return (
-            f"near tie: the candidate's token is {below}{steps} below the oracle's, within the {mnats}-mnat threshold"
-        )
-    if d.candidate_token is None or rule == RULE_RAN_OUT:
-        return "defect: the candidate stopped before the oracle's continuation ended"
-    if d.oracle_minus_candidate_mnats is None or rule == RULE_NOT_IN_TOP_K:
-        return (
-            f"defect: the candidate's token {d.candidate_token} is not in the oracle's top-k; it is at least "
-            f"{fmt_mnats(d.gap_lower_bound_mnats)} mnats below the oracle's"
-        )
-    head = f"defect: the candidate's token is {below}{steps} below the oracle's, above the {mnats}-mnat threshold"
-    if rule == RULE_ORACLE_GAP and ev is not None:
-        gap = f"the oracle's gap is {fmt_ulps(d.gap_units)} {unit}"
-        return f"{head}, and {gap}, beyond the evidence rule's {ev.oracle_ulps:g}"
-    if rule == RULE_OWN_MARGIN and ev is not None:
-        return (
-            f"{head}; the candidate's own list holds its token {fmt_ulps(d.candidate_margin_ulps)} units above the "
-            f"oracle's, beyond the evidence rule's {ev.candidate_ulps:g}: a clear choice, not a near tie"
-        )
-    if rule == RULE_NEGATIVE_MARGIN:
-        return (
-            f"{head}; the candidate's own list ranks the oracle's token above the one it took (margin "
-            f"{fmt_ulps(d.candidate_margin_ulps)} units): a negative margin earns no allowance"
-        )
-    if rule == RULE_DRIFT_BEYOND:
-        return f"{head}; the run drifts beyond the doctrine (see 'run drift'), so no allowance in units or grid steps"
-    if rule == RULE_NO_LIST:
-        part = "forced decode" if d.source == FORCED else "free run"
-        return (
-            f"{head}; the candidate reports no usable list here ({part}), which the evidence rule needs: "
-            "judged by the threshold alone (less evidence never ratifies more)"
-        )
-    if rule == RULE_BEYOND_GRID and doc.near_tie_ulps is not None:
-        return f"{head} and beyond the grid rule's {doc.near_tie_ulps:g} steps"
-    return head
+    figures: dict[str, object] = {
+        "below": f"{fmt_mnats(d.oracle_minus_candidate_mnats)} mnats",
+        "steps": f" ({fmt_ulps(d.gap_ulps)} grid steps of its logit)" if d.gap_ulps is not None else "",
+        "mnats": fmt_mnats(doc.near_tie_mnats),
+        "unit": f"units of {fmt_mnats(d.unit_mnats)} mnats" if d.unit_mnats is not None else "units",
+        "gap_units": fmt_ulps(d.gap_units),
+        "margin_units": fmt_ulps(d.candidate_margin_ulps),
+        "logprob": fmt_logprob(d.oracle_logprob),
+        "direction": "higher" if d.tie_break == "higher_id" else "lower",
+        "tie_rule": f"; {TIE_BREAK_RULE}" if with_rule else "",
+        "candidate_token": d.candidate_token,
+        "lower_bound": fmt_mnats(d.gap_lower_bound_mnats),
+        "part": "forced decode" if d.source == FORCED else "free run",
+    }
+    if doc.evidence is not None:
+        figures.update(oracle_ulps=doc.evidence.oracle_ulps, candidate_ulps=doc.evidence.candidate_ulps)
+    if doc.near_tie_ulps is not None:
+        figures["near_tie_ulps"] = doc.near_tie_ulps
+    rule = RULE_BY_CODE.get(d.rule)
+    if rule is None or rule.cls != d.cls:
+        rule = plain_rule(d.cls)
+    templates = [rule.wanting] if d.want_of_evidence and rule.wanting else []
+    # Where this doctrine lacks a limit a sentence names, the next: the rule's own, its class's plain one.
+    for template in [*templates, rule.sentence, plain_rule(d.cls).sentence]:
+        try:
+            sentence = template.format_map(figures)
+            break
+        except KeyError:
+            continue
+    if rule.aside and d.oracle_minus_candidate_mnats:
+        sentence += rule.aside.format_map(figures)
+    return sentence
 
 
 def class_counts(divergences: Iterable[Divergence]) -> str:

@@ -67,7 +67,16 @@ def _gap(d: Divergence) -> str:
 def _token_clause(result: GateResult) -> str:
     c = result.counts
     prompts = c["prompts"]
-    defects = [d for d in result.divergences if d.cls == DEFECT]
+    defects = [d for d in result.divergences if d.cls == DEFECT and not d.want_of_evidence]
+    unweighed = [d for d in result.divergences if d.want_of_evidence]
+    if unweighed and not defects:
+        worst = max(unweighed, key=_worst)
+        failed = prompts - c["ratified_pass"]
+        return (
+            f"{plural(len(unweighed), 'divergence')} not judged for want of evidence in {plural(failed, 'prompt')} "
+            f"of {prompts} (rule no_list: the candidate reports no usable list where the evidence rule needs one; "
+            f"{'largest' if len(unweighed) > 1 else 'its'} {_gap(worst)} {_where(worst)})"
+        )
     if defects:
         rules = Counter(d.rule or "near_tie_mnats" for d in defects)
         ruled = (
@@ -81,6 +90,7 @@ def _token_clause(result: GateResult) -> str:
         return (
             f"{plural(len(defects), 'defect')} in {plural(failed, 'prompt')} of {prompts} "
             f"({ruled}; {largest} {_gap(worst)} {_where(worst)})"
+            + (f" and {len(unweighed)} more not judged for want of evidence (rule no_list)" if unweighed else "")
         )
     not_ratified = prompts - c["ratified_pass"]
     if not_ratified:  # a prompt fails without a defect: say so, from its own record

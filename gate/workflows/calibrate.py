@@ -16,7 +16,8 @@ from gate.core.calibration.calibrate import calibrate
 from gate.core.calibration.stats import Calibration
 from gate.core.engine import Engine
 from gate.core.pins.pin import Pin, load_pin, pin_own_doctrine
-from gate.core.traces.trace import Trace, read_trace, write_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace, write_trace
 from gate.core.verdict.doctrine import Doctrine, header_doctrine, resolve_doctrine
 from gate.errors import InputError
 from gate.workflows.engine_calls import open_engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.result import GateResult
 from gate.workflows.judge import judge, oracle_doctrine
 from gate.workflows.requests import DoctrineFlags

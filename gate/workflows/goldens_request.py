@@ -22,7 +22,8 @@ from gate.core.goldens.moves import GoldensResult, find_moves, goldens_summary
 from gate.core.pins.pin import Pin, doctrine_for, load_pin
 from gate.core.storage.atomic import atomic_write
 from gate.core.storage.files import display_path
-from gate.core.traces.trace import Trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace
 from gate.errors import InputError
 from gate.text import plural
 from gate.workflows.engine_calls import open_engine

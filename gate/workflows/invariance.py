@@ -237,7 +237,7 @@ def _notes(baseline: Trace, doctrine: Doctrine) -> tuple[str, ...]:
         return ()
     if doctrine.evidence is not None:
         return (
-            "the baseline has no raw logits: grid steps are taken at the evidence rule's floor "
+            "the baseline has no raw logits: grid steps are taken at the evidence rule's least logit "
             f"(|logit| {doctrine.evidence.floor_logit:g}), the smallest unit the rule allows",
         )
     return ("the baseline has no raw logits: flips are judged by the doctrine's near_tie_mnats alone",)

@@ -14,7 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from gate.core.traces.trace import Trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine, header_doctrine, resolve_doctrine
 from gate.core.verdict.result import GateResult

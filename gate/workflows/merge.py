@@ -8,8 +8,9 @@ from pathlib import Path
 
 from gate.core.pins.oracle_settings import read_settings
 from gate.core.pins.pin import find_folder, load_suite
+from gate.core.traces.reader import read_trace
 from gate.core.traces.shards import merge_traces
-from gate.core.traces.trace import Trace, read_trace
+from gate.core.traces.trace import Trace
 from gate.errors import InputError, PinError
 
 

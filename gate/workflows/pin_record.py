@@ -17,7 +17,9 @@ from gate.core.pins.oracle_settings import OracleSettings, read_settings
 from gate.core.pins.pin import SUITE_FILE, PinFolder, folder_for_writing, oracle_header, write_pin
 from gate.core.pins.suite import Suite, read_suite
 from gate.core.traces.machine import machine_key, machine_of
-from gate.core.traces.trace import Trace, check_top_logprobs, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace
+from gate.core.traces.validate import check_top_logprobs
 from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
 from gate.errors import EngineError, GateError, InputError, TraceError
 from gate.text import plural

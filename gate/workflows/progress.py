@@ -17,7 +17,8 @@ from typing import IO, Any, Protocol
 import orjson
 
 from gate.core.storage.atomic import PROGRESS, PROGRESS_KEY, file_kind
-from gate.core.traces.trace import PromptRecord, TraceHeader, encode_header, encode_record, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, TraceHeader, encode_header, encode_record
 from gate.errors import InputError
 
 PROGRESS_SUFFIX = ".partial.jsonl"

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gate.core.pins.pin import Pin, doctrine_for, load_pin
+from gate.core.traces.reader import read_trace
 from gate.core.traces.shards import parse_shard
-from gate.core.traces.trace import read_trace, write_trace
+from gate.core.traces.trace import write_trace
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 from gate.workflows.engine_calls import open_engine

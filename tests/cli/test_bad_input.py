@@ -23,7 +23,7 @@ import pytest
 
 from gate.cli.main import main
 from gate.core.engine import parse_options
-from gate.core.traces.trace import MAX_LINE_BYTES, read_trace
+from gate.core.traces.reader import MAX_LINE_BYTES, read_trace
 from gate.engines import registry
 from gate.errors import InputError, TraceError
 

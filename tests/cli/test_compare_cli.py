@@ -79,6 +79,7 @@ def test_seed_json_report() -> None:
         "exact_ties": 1,
         "near_ties": 0,
         "defects": 0,
+        "not_judged_for_want_of_evidence": 0,
     }
     assert [p["id"] for p in report["prompts"]] == [f"p{i}" for i in range(7)]
     for p in report["prompts"]:

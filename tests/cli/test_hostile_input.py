@@ -483,7 +483,7 @@ RAW = ("\x1b", "\u202e", "\r", "\x9b", "\x07", "\u2066")
 
 
 def _evil_result(tmp_path: Path) -> Any:
-    from gate.core.traces.trace import read_trace
+    from gate.core.traces.reader import read_trace
     from gate.core.verdict.adjudicate import compare as adjudicate
 
     oracle, cand = oracle_lines(), candidate_lines()

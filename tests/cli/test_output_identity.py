@@ -67,7 +67,7 @@ def test_merge_never_writes_over_a_shard(pair: tuple[Path, Path]) -> None:
 def test_a_file_of_lines_just_under_the_line_check_is_refused_within_the_budget(tmp_path: Path) -> None:
     """46 MB of lines just under 8 MB of `[],` took 1.2 GB before it was refused: the whole
     file has a memory budget (`MAX_TRACE_COST`), counted before each line is parsed."""
-    from gate.core.traces.trace import _COST_CHECK_BYTES, MAX_TRACE_COST, read_trace
+    from gate.core.traces.reader import _COST_CHECK_BYTES, MAX_TRACE_COST, read_trace
     from gate.errors import TraceError
 
     head = b'{"gate_trace":1,"role":"candidate","model":"m","top_k":0,"engine":{"name":"x","version":"1"}}\n'
@@ -89,7 +89,7 @@ def test_a_file_of_lines_just_under_the_line_check_is_refused_within_the_budget(
 def test_an_honest_large_trace_stays_well_within_the_budget() -> None:
     """The default pin (top-20 at every position) costs a small part of the budget: its
     lists are kept as arrays."""
-    from gate.core.traces import trace as trace_mod
+    from gate.core.traces import reader as trace_mod
 
     seen: list[int] = []
     real = trace_mod._compacted

@@ -22,7 +22,7 @@ from helpers.trace_builders import (
 )
 
 import gate.core.verdict.adjudicate as adjudicate
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.chain import PositionEvidence
 from gate.core.verdict.doctrine import Doctrine
@@ -82,6 +82,7 @@ def check_seed() -> None:
         "exact_ties": 1,
         "near_ties": 0,
         "defects": 0,
+        "not_judged_for_want_of_evidence": 0,
     }
     (d,) = result.divergences
     assert (d.prompt_id, d.position, d.source) == ("p6", 7, FREE_RUN)
@@ -105,10 +106,15 @@ def check_boundaries(folder: Path) -> None:
     at = one_position(folder, position(50, (51, -0.625), (52, -2.0)), 51)
     assert at.oracle_minus_candidate_mnats == 125.0
     assert at.cls == NEAR_TIE and at.tie_break is None and at.candidate_rank == 2
-    # One float step further: a defect.
-    below = math.nextafter(-0.625, -math.inf)
+    # One float32 step further (the rounding of a float32 logprob): still within the
+    # threshold, which allows one float32 rounding of the two logprobs compared ...
+    below = -0.625 - 2.0**-24
     past = one_position(folder, position(50, (51, below), (52, -2.0)), 51)
     assert past.oracle_minus_candidate_mnats is not None and past.oracle_minus_candidate_mnats > 125.0
+    assert past.cls == NEAR_TIE
+    # ... and a float step beyond that allowance: a defect.
+    beyond = math.nextafter(-0.625 - 2.0**-23, -math.inf)
+    past = one_position(folder, position(50, (51, beyond), (52, -2.0)), 51)
     assert past.cls == DEFECT
     # One float step from a tie is not a tie: bit for bit or nothing.
     hair = one_position(folder, position(50, (51, math.nextafter(-0.5, -math.inf)), (52, -2.0)), 51)

@@ -11,16 +11,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.core.traces.trace import (
-    PromptRecord,
-    TopLogprobs,
-    Trace,
-    TraceHeader,
-    _check_position,
-    _fast_top,
-    read_trace,
-    write_trace,
-)
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, TopLogprobs, Trace, TraceHeader, write_trace
+from gate.core.traces.validate import _check_position, _fast_top
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.chain import classify, position_evidence
 from gate.core.verdict.doctrine import Doctrine

@@ -11,7 +11,8 @@ import orjson
 import pytest
 from helpers.gate_cli import invoke
 
-from gate.core.traces.trace import MAX_JSON_DEPTH, read_trace
+from gate.core.storage.json_shape import MAX_JSON_DEPTH
+from gate.core.traces.reader import read_trace
 from gate.errors import TraceError
 
 HEADER = {"gate_trace": 1, "model": "m", "top_k": 1, "engine": {"name": "e", "version": "1"}}

@@ -80,7 +80,7 @@ def test_a_first_line_past_every_limit_is_never_taken_for_a_report(
 
 @pytest.mark.parametrize("lead", [b"\n", b"\n  \n", b"\r\n", b" \t\n\n"])
 def test_blank_lines_before_the_header_do_not_hide_the_kind(tmp_path: Path, lead: bytes) -> None:
-    from gate.core.traces.trace import read_trace
+    from gate.core.traces.reader import read_trace
 
     path = tmp_path / "pin.jsonl"
     data = lead + _trace("oracle", False)

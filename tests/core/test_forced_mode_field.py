@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.errors import TraceError
 
 HEADER = {"gate_trace": 1, "role": "candidate", "model": "m", "top_k": 1, "engine": {"name": "e", "version": "1"}}

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.errors import TraceError
 
 SEED = Path(__file__).resolve().parents[2] / "docs" / "examples"

@@ -15,7 +15,8 @@ from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake, t
 from gate.core.pins.diff import diff_pins, exact_top2_ties
 from gate.core.pins.oracle_settings import OracleSettings, read_settings
 from gate.core.pins.pin import check_model_id, find_folder, load_pin, pin_folder, search_roots
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
 from gate.errors import InputError, PinError
 
 REPO = Path(__file__).resolve().parents[2]

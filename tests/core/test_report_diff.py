@@ -14,7 +14,7 @@ import pytest
 from helpers.trace_builders import mixed_records, mixed_result, write_pair
 
 from gate.core.traces.digest import trace_sha256
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.diff import diff_reports, parse_report
 from gate.errors import InputError
 

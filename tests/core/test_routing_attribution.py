@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import EXACT_TIE, FORCED, FREE_RUN
@@ -230,6 +230,7 @@ def test_every_report_says_where_the_router_flipped(tmp_path: Path) -> None:
         "exact_ties",
         "near_ties",
         "defects",
+        "not_judged_for_want_of_evidence",  # gate's one addition: routing adds none
     }
 
 

@@ -14,8 +14,9 @@ import orjson
 import pytest
 
 from gate.cli.main import main
+from gate.core.traces.reader import read_trace
 from gate.core.traces.shards import merge_traces, parse_shard, select_shard, shard_of
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace, read_trace
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, encode_trace
 from gate.errors import InputError
 
 IDS = [f"prompt-{i:03d}" for i in range(40)]

@@ -14,15 +14,9 @@ import pytest
 from helpers.gate_cli import invoke
 from helpers.trace_builders import candidate_record, filler, header, oracle_record, position, write_jsonl
 
-from gate.core.traces.trace import (
-    PromptRecord,
-    TopLogprobs,
-    Trace,
-    TraceHeader,
-    check_top_logprobs,
-    read_trace,
-    write_trace,
-)
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, TopLogprobs, Trace, TraceHeader, write_trace
+from gate.core.traces.validate import check_top_logprobs
 from gate.errors import TraceError
 
 Rec = dict[str, Any]

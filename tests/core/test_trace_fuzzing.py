@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gate.core.traces.trace import Trace, encode_record, encode_trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace, encode_record, encode_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import GateError, TraceError

@@ -14,9 +14,12 @@ import pytest
 from helpers.pin_attacks import PIN, candidate, raise_runner_up
 from helpers.trace_builders import PROMPT, SEED_CANDIDATE, SEED_ORACLE, header
 
+import gate.core.traces.reader as reader_mod
 import gate.core.traces.trace as trace_mod
+import gate.core.traces.validate as validate_mod
 from gate.core.engine import ForcedDecode
-from gate.core.traces.trace import PromptRecord, TopLogprobs, Trace, encode_trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, TopLogprobs, Trace, encode_trace
 from gate.core.verdict.adjudicate import compare
 from gate.errors import EngineError, TraceError
 from gate.workflows.engine_calls import force_along
@@ -158,8 +161,9 @@ def test_a_verdict_does_not_validate_the_lists_again(tmp_path: Path, monkeypatch
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("validated again")
 
-    monkeypatch.setattr(trace_mod, "check_top_logprobs", refuse)
-    monkeypatch.setattr(trace_mod, "check_forced_top", refuse)
+    for module in (reader_mod, validate_mod):
+        monkeypatch.setattr(module, "check_top_logprobs", refuse)
+        monkeypatch.setattr(module, "check_forced_top", refuse)
     result = compare(oracle, cand)
     assert sum(d.source == "forced" for d in result.divergences) > len(cand.records)
 

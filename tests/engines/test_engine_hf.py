@@ -16,7 +16,9 @@ pytest.importorskip("transformers")
 from helpers.tiny_models import EOS_ID, TIE_HIGH, TIE_LOW  # noqa: E402
 
 from gate.core.engine import Engine, PromptInput  # noqa: E402
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, check_top_logprobs, read_trace, write_trace  # noqa: E402
+from gate.core.traces.reader import read_trace  # noqa: E402
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, write_trace  # noqa: E402
+from gate.core.traces.validate import check_top_logprobs  # noqa: E402
 from gate.core.verdict.adjudicate import compare  # noqa: E402
 from gate.core.verdict.doctrine import Doctrine  # noqa: E402
 from gate.engines.hf.engine import HFEngine, top_k_pairs  # noqa: E402

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from gate.cli.main import app
 from gate.core.engine import Engine, ForcedDecode, ForcedDecodeUnavailable, PromptInput
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, write_trace
 from gate.core.verdict.adjudicate import compare
 from gate.engines.http.openai import OpenAIEngine
 from gate.engines.registry import load_engine

@@ -18,7 +18,8 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
 from gate.core.engine import Engine, PromptInput  # noqa: E402
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace  # noqa: E402
+from gate.core.traces.reader import read_trace  # noqa: E402
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, write_trace  # noqa: E402
 from gate.core.verdict.adjudicate import compare  # noqa: E402
 from gate.errors import InputError  # noqa: E402
 

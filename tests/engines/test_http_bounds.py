@@ -19,7 +19,7 @@ from helpers.fake_openai_server import no_retry_engine as engine
 from helpers.gate_cli import invoke
 
 from gate.core.engine import PromptInput
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.engines.http.llama_server import LlamaServerDialect
 from gate.engines.http.openai import OpenAIEngine
 from gate.engines.http.server import HTTP_OPTIONS, connect

@@ -233,7 +233,7 @@ def gate_run(pins: Path, model: Path, *opts: str) -> dict[str, Any]:
 def test_vllm_pin_records_routing_and_gate_run_attributes_the_planted_tie(
     moe_pin: Path, qwen3_moe_tie_path: Path
 ) -> None:
-    from gate.core.traces.trace import read_trace
+    from gate.core.traces.reader import read_trace
 
     pin = read_trace(moe_pin / "tiny" / "moe-tie" / "pin.jsonl", role="oracle")  # the reader validates routing
     assert pin.header.extra["moe"] == {"layers": [0, 1], "top_k": 2, "num_experts": 4, "source": "vllm_router_capture"}

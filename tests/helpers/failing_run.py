@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
 from gate.core.verdict.result import GateResult

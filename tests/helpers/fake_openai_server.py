@@ -106,6 +106,7 @@ class FakeOpenAIServer:
         omit_chosen: bool = False,
         prompt_logprobs: str = "echo",
         answer_model: str | None = None,
+        listed_models: list[str] | None = None,
     ) -> None:
         # token_keys: "ids" honours return_tokens_as_token_ids; "text" ignores it.
         # prompt_logprobs: "echo" (vLLM: echo arrays and a prompt_logprobs field), "field"
@@ -117,6 +118,8 @@ class FakeOpenAIServer:
         self.prompt_logprobs = prompt_logprobs
         # The model name the answers carry (default: the served one): a server serving another model.
         self.answer_model = answer_model
+        # What `/v1/models` lists (default: the served model): a server listing another model.
+        self.listed_models = listed_models
         self.script: deque[Reply] = deque()
         self.requests: list[Seen] = []
         self.connections = 0
@@ -308,7 +311,8 @@ def _make_handler(server: FakeOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, reply.body, reply.headers)  # any route: a native API's answer too
                 return
             if self.path == "/v1/models" and method == "GET":
-                data = {"object": "list", "data": [{"id": server.served_model, "object": "model"}]}
+                listed = server.listed_models if server.listed_models is not None else [server.served_model]
+                data = {"object": "list", "data": [{"id": name, "object": "model"} for name in listed]}
                 self._send(200, orjson.dumps(data))
                 return
             if self.path != "/v1/completions" or method != "POST":

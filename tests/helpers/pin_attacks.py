@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from gate.core.traces.trace import Trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace
 from gate.core.verdict.grid import grid_step
 
 PIN = Path(__file__).resolve().parents[2] / "oracle_pins" / "HuggingFaceTB" / "SmolLM2-135M-Instruct" / "pin.jsonl"

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gate.core.engine import PromptInput
-from gate.core.traces.trace import PromptRecord, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord
 
 
 class ReplayEngine:

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 from gate.core.storage.files import file_sha256
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.models import hashing
 from gate.models.default import (
     DEFAULT_FOLDER,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers.trace_builders import SEED_CANDIDATE, SEED_ORACLE, mixed_result
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.reports.html import render_html
 

@@ -15,7 +15,7 @@ import pytest
 from helpers.failing_run import failing_result
 from helpers.trace_builders import SEED_CANDIDATE, SEED_ORACLE
 
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.result import DEFECT, GateResult
 from gate.core.verdict.run_record import RunRecord

@@ -17,7 +17,8 @@ from rich.console import Console
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, EXACT_TIE, Divergence, GateResult, PromptResult
 from gate.reports import render
-from gate.reports.html import bars_from_values, render_html
+from gate.reports.html import render_html
+from gate.reports.html_plots import bars_from_values
 from gate.reports.junit import render_junit
 from gate.reports.markdown import render_markdown
 from gate.reports.terminal import print_report, render_text
@@ -316,7 +317,7 @@ def _unused(d: Divergence) -> None:  # keeps the import honest for type checkers
 def test_gaps_in_grid_steps_when_the_oracle_has_raw_logits(tmp_path: Path) -> None:
     from helpers.trace_builders import mixed_records, write_pair
 
-    from gate.core.traces.trace import read_trace
+    from gate.core.traces.reader import read_trace
     from gate.core.verdict.adjudicate import compare
 
     oracle, cand = mixed_records()

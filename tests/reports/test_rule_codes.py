@@ -41,7 +41,7 @@ def test_every_divergence_names_its_rule_in_the_json_report(tmp_path: Path) -> N
         for d in report["divergences"]:
             assert d["rule"] in RULES, d
             if d["rule"] in ("near_tie_evidence", "oracle_gap_beyond", "own_margin_beyond"):
-                # Units named for what they count: the floored unit beside the logit's own grid.
+                # Units named for what they count: the evidence unit beside the logit's own grid.
                 assert d["gap_units"] * d["unit_mnats"] == pytest_approx(d["oracle_minus_candidate_mnats"])
                 assert d["gap_ulps"] * d["ulp_mnats"] == pytest_approx(d["oracle_minus_candidate_mnats"])
                 assert d["candidate_margin_units"] == d["candidate_margin_ulps"]

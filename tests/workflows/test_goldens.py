@@ -42,7 +42,8 @@ from gate.core.pins.diff import exact_top2_ties
 from gate.core.pins.pin import Pin, load_pin
 from gate.core.storage.files import file_sha256
 from gate.core.traces.machine import machine_key, machine_of
-from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace, write_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, write_trace
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
 
@@ -132,7 +133,9 @@ def test_the_other_direction_is_a_tie_break_too() -> None:
     [
         (-0.5625, NEAR_TIE_FLIP),  # 62.5 mnats
         (-0.625, NEAR_TIE_FLIP),  # 125.0 mnats: the threshold is inclusive
-        (-0.6250000000000001, REAL_CHANGE),  # one float64 step past it
+        (-0.6250000000000001, NEAR_TIE_FLIP),  # one float64 step past it: within one float32 rounding
+        (-0.625 - 2.0**-24, NEAR_TIE_FLIP),  # one float32 step past it (a float32 logprob's rounding)
+        (-0.6250000596046448 - 2.0**-24, REAL_CHANGE),  # past that rounding
         (-0.75, REAL_CHANGE),  # 250 mnats
     ],
 )

@@ -17,7 +17,7 @@ from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
 from gate.core.pins.diff import exact_top2_ties
 from gate.core.pins.pin import load_pin
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.doctrine import Doctrine
 from gate.workflows.engine_calls import batch_size_for
 from gate.workflows.run import Timings, add_token_texts, diverged, force_diverged, gate_against_pin, run_candidate

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake
 
+from gate.core.traces.reader import read_trace
 from gate.core.traces.shards import select_shard
-from gate.core.traces.trace import read_trace
 
 N_PROMPTS = 12
 MUTATION = ("--engine-opt", "tie_break=highest")

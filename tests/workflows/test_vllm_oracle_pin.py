@@ -24,7 +24,7 @@ from helpers.gate_cli import invoke
 from gate.core.pins.diff import diff_pins, exact_top2_ties
 from gate.core.pins.pin import load_pin
 from gate.core.traces.machine import machine_key, machine_of
-from gate.core.traces.trace import read_trace
+from gate.core.traces.reader import read_trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
 from gate.models.default import DEFAULT_FOLDER

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gate.core.engine import Engine
-from gate.core.traces.trace import Trace, TraceHeader, check_top_logprobs
+from gate.core.traces.trace import Trace, TraceHeader
+from gate.core.traces.validate import check_top_logprobs
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, EXACT_TIE, STRICT_PASS, GateResult
 from gate.errors import EngineError, TraceError

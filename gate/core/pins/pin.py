@@ -27,7 +27,8 @@ from gate.core.pins.oracle_settings import OracleSettings, read_settings
 from gate.core.pins.suite import Suite, read_suite
 from gate.core.storage.atomic import atomic_write
 from gate.core.storage.files import data_roots, is_packaged, portable
-from gate.core.traces.trace import Trace, TraceHeader, encode_trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import Trace, TraceHeader, encode_trace
 from gate.core.verdict.doctrine import Doctrine, Overrides, header_doctrine, resolve_doctrine
 from gate.errors import InputError, PinError
 from gate.version import __version__, install_line

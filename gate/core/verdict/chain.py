@@ -8,7 +8,9 @@
 - `classify(evidence, doctrine)`: the first rule that answers. The last rule
   (`beyond_mnats`) always answers.
 
-docs/reference/doctrine.md ("How a divergence is classified") lists the chain in words.
+Each rule carries its words: `says`, its row of docs/reference/doctrine.md's table, and
+`sentence`, what every report prints for a divergence it decided (`reports._common.why`
+only fills in the figures).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, NamedTuple
 
 from gate.core.traces.trace import TopList
 from gate.core.verdict.doctrine import DEFAULT_DTYPE, Doctrine, Evidence
-from gate.core.verdict.evidence import RunDrift, candidate_margin, lp_map
+from gate.core.verdict.evidence import RunDrift, candidate_margin
 from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, Divergence
 from gate.core.verdict.rules import (
@@ -48,7 +50,7 @@ class PositionEvidence:
 
     Two units, on purpose: `grid_step` is one step of the dtype's grid at the oracle's top
     logit (the grid rule's unit, `near_tie_ulps`; `gap_ulps`/`ulp_mnats` in reports), and
-    `unit` is that step at max(|top logit|, the evidence rule's `floor_logit`), so that it
+    `unit` is that step at max(|top logit|, the evidence rule's least logit), so that it
     never shrinks below the size where honest drift stops shrinking (the evidence rule's
     unit; `gap_units`/`unit_mnats`/`candidate_margin_ulps` in reports); they agree at
     |top logit| >= floor_logit, and below it the unit is the larger.
@@ -160,12 +162,18 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """One link of the chain: when `applies`, it answers `cls` under its `code`."""
+    """One link of the chain: when `applies`, it answers `cls` under its `code`. `sentence`
+    is a `str.format` template over `SENTENCE_FIELDS` (where the doctrine at hand lacks a
+    limit it names, the report says `plain_rule(cls)`'s); `aside` follows it where the
+    candidate's gap is known and not zero."""
 
     code: str  # as the reports print it (gate.core.verdict.rules)
     cls: str
     applies: Callable[[PositionEvidence, Doctrine], bool]
     says: str  # one sentence: what it decides (docs/reference/doctrine.md)
+    sentence: str  # what the reports print for a divergence it decided
+    aside: str = ""
+    wanting: str = ""  # the sentence where it is not judged for want of evidence (Divergence.want_of_evidence)
 
     def __call__(self, ev: PositionEvidence, doctrine: Doctrine) -> Decision | None:
         return Decision(self.cls, self.code) if self.applies(ev, doctrine) else None
@@ -188,8 +196,9 @@ def _evidence_at(ev: PositionEvidence, doctrine: Doctrine) -> _Weighed | None:
 
 
 def _within(gap: float | None, limit: float, *logprobs: float) -> bool:
-    """0 < gap <= limit, each limit allowing one float32 rounding of the logprobs compared."""
-    return gap is not None and 0.0 < gap <= limit + logprob_slack(*logprobs)
+    """0 < gap <= limit, each limit allowing one float32 rounding of the oracle's logprobs
+    compared (a limit of 0 allows nothing: only a tie bit for bit is a tie)."""
+    return gap is not None and 0.0 < gap <= limit + (logprob_slack(*logprobs) if limit > 0.0 else 0.0)
 
 
 def _ran_out(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -219,8 +228,12 @@ def _exact_tie(ev: PositionEvidence, doctrine: Doctrine) -> bool:
 
 
 def _near_tie_mnats(ev: PositionEvidence, doctrine: Doctrine) -> bool:
-    gap = ev.gap_mnats
-    return gap is not None and 0.0 < gap <= doctrine.near_tie_mnats
+    # One bf16 step taken between two float32 logprobs reads 125.0 or 125.00012 mnats: the
+    # threshold allows that one rounding, so an honest near tie cannot flip class on it.
+    if ev.candidate_logprob is None:
+        return False
+    limit = doctrine.near_tie_mnats / 1000.0
+    return _within(ev.gap_nats, limit, ev.oracle_logprob, ev.candidate_logprob)
 
 
 def _drift_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -245,12 +258,12 @@ def _own_margin_beyond(ev: PositionEvidence, doctrine: Doctrine) -> bool:
     at = _evidence_at(ev, doctrine)
     if at is None:
         return False
-    # One float32 rounding of the two logprobs the margin is taken between (not of the
-    # list's largest: a far-down entry at -9 would allow 16x the slack of two at -0.5).
-    own = lp_map(ev.candidate_top or ())
-    pair = [own[t] for t in (ev.candidate_token, ev.oracle_token) if t in own]
-    slack = logprob_slack(*pair) if pair else 0.0
-    return at.margin_units * at.unit > at.rule.candidate_ulps * at.unit + slack
+    # One float32 rounding of the two logprobs in question, taken at the oracle's values of
+    # them: the candidate's own list cannot buy more slack by reporting logprobs of a larger
+    # size (at -1e6 one float32 step is 0.06 nats), nor a far-down entry widen it.
+    limit = at.rule.candidate_ulps * at.unit
+    slack = logprob_slack(ev.oracle_logprob, at.candidate_logprob) if limit > 0.0 else 0.0
+    return at.margin_units * at.unit > limit + slack
 
 
 def _near_tie_evidence(ev: PositionEvidence, doctrine: Doctrine) -> bool:
@@ -278,11 +291,30 @@ def _always(ev: PositionEvidence, doctrine: Doctrine) -> bool:
     return True
 
 
+# The sentence a defect past the mnats starts with: the last rule's, which the rules that
+# name a further limit carry on.
+_BEYOND = "defect: the candidate's token is {below}{steps} below the oracle's, above the {mnats}-mnat threshold"
+
 # The doctrine, in order: the first rule that answers decides. Rules that need what a
 # position may lack (a logit, a unit, the candidate's own list) pass without it.
 CHAIN: tuple[Rule, ...] = (
-    Rule(RULE_RAN_OUT, DEFECT, _ran_out, "the candidate stopped before this position"),
-    Rule(RULE_NOT_IN_TOP_K, DEFECT, _not_in_top_k, "the candidate's token is not in the oracle's top-k list"),
+    Rule(
+        RULE_RAN_OUT,
+        DEFECT,
+        _ran_out,
+        "the candidate stopped before this position",
+        "defect: the candidate stopped before the oracle's continuation ended",
+    ),
+    Rule(
+        RULE_NOT_IN_TOP_K,
+        DEFECT,
+        _not_in_top_k,
+        "the candidate's token is not in the oracle's top-k list",
+        (
+            "defect: the candidate's token {candidate_token} is not in the oracle's top-k; it is at least "
+            "{lower_bound} mnats below the oracle's"
+        ),
+    ),
     Rule(
         RULE_NOT_GREEDY,
         DEFECT,
@@ -291,59 +323,122 @@ CHAIN: tuple[Rule, ...] = (
             "the candidate is not greedy over its own logprobs where it shares the oracle's context: no "
             "allowance (without a floor, none beyond what the oracle's list alone ratifies)"
         ),
+        (
+            "defect: the candidate is not greedy over its own logprobs (at some position of the run it did not take "
+            "the top of the list it reports; see 'not greedy'), so its flips earn no allowance"
+        ),
+        aside="; the candidate's token is {below} below the oracle's",
     ),
-    Rule(RULE_EXACT_TIE, EXACT_TIE, _exact_tie, "both logprobs are equal bit for bit: a tie-break convention"),
-    Rule(RULE_MNATS, NEAR_TIE, _near_tie_mnats, "0 < the oracle's gap ≤ `near_tie_mnats`"),
+    Rule(
+        RULE_EXACT_TIE,
+        EXACT_TIE,
+        _exact_tie,
+        "both logprobs are equal bit for bit: a tie-break convention",
+        "exact tie: both logprobs are {logprob} bit for bit; the candidate took the {direction} id{tie_rule}",
+    ),
+    Rule(
+        RULE_MNATS,
+        NEAR_TIE,
+        _near_tie_mnats,
+        "0 < the oracle's gap ≤ `near_tie_mnats`",
+        "near tie: the candidate's token is {below}{steps} below the oracle's, within the {mnats}-mnat threshold",
+    ),
     Rule(
         RULE_DRIFT_BEYOND,
         DEFECT,
         _drift_beyond,
         "the top logit is known and the run drifts beyond the evidence rule's limits: no allowance past the mnats",
+        _BEYOND + "; the run drifts beyond the doctrine (see 'run drift'), so no allowance in units or grid steps",
     ),
     Rule(
         RULE_ORACLE_GAP,
         DEFECT,
         _oracle_gap_beyond,
         "evidence rule (the candidate's own list holds both tokens): the oracle's gap is beyond `oracle_ulps` units",
+        _BEYOND + ", and the oracle's gap is {gap_units} {unit}, beyond the evidence rule's {oracle_ulps:g}",
     ),
     Rule(
         RULE_NEGATIVE_MARGIN,
         DEFECT,
         _negative_margin,
         "evidence rule: the candidate's own list ranks the oracle's token above the one it took",
+        _BEYOND
+        + (
+            "; the candidate's own list ranks the oracle's token above the one it took (margin {margin_units} "
+            "units): a negative margin earns no allowance"
+        ),
     ),
     Rule(
         RULE_OWN_MARGIN,
         DEFECT,
         _own_margin_beyond,
         "evidence rule: the candidate's own margin for its token is beyond `candidate_ulps` units",
+        _BEYOND
+        + (
+            "; the candidate's own list holds its token {margin_units} units above the oracle's, beyond the "
+            "evidence rule's {candidate_ulps:g}: a clear choice, not a near tie"
+        ),
     ),
     Rule(
         RULE_EVIDENCE,
         NEAR_TIE,
         _near_tie_evidence,
         "evidence rule: the oracle's gap and the candidate's own margin are both within their limits",
+        (
+            "near tie by the evidence rule: the oracle's gap is {gap_units} {unit} (limit {oracle_ulps:g}; "
+            "{below}{steps}) and the candidate's own list holds its token {margin_units} units above the oracle's "
+            "(limit {candidate_ulps:g}), in a run not found drifting beyond the doctrine — beyond the "
+            "{mnats}-mnat threshold"
+        ),
     ),
     Rule(
         RULE_NO_LIST,
         DEFECT,
         _no_list,
         "evidence rule, but no usable own list here (wherever its other lists are): its absence earns nothing",
+        _BEYOND
+        + (
+            "; the candidate reports no usable list here ({part}), which the evidence rule needs: judged by the "
+            "threshold alone (less evidence never ratifies more)"
+        ),
+        wanting=(
+            "not judged for want of evidence: the candidate's token is {below}{steps} below the oracle's, above the "
+            "{mnats}-mnat threshold, and the oracle's gap is {gap_units} {unit}, within the evidence rule's "
+            "{oracle_ulps:g}; but the candidate reports no usable list here ({part}), which the rule needs to weigh "
+            "it: not ratified (less evidence never ratifies more)"
+        ),
     ),
     Rule(
         RULE_GRID,
         NEAR_TIE,
         _near_tie_grid_steps,
         "the oracle's top logit is known and the gap is within `near_tie_ulps` steps of its grid",
+        (
+            "near tie by the grid rule: the candidate's token is {below}{steps} below the oracle's, within "
+            "{near_tie_ulps:g} grid steps (no own list weighed here) — beyond the {mnats}-mnat threshold"
+        ),
     ),
     Rule(
         RULE_BEYOND_GRID,
         DEFECT,
         _beyond_grid_steps,
         "the oracle's top logit is known, `near_tie_ulps` is set, and the gap is beyond it",
+        _BEYOND + " and beyond the grid rule's {near_tie_ulps:g} steps",
     ),
-    Rule(RULE_BEYOND_MNATS, DEFECT, _always, "always: no rule above ratified the gap"),
+    Rule(RULE_BEYOND_MNATS, DEFECT, _always, "always: no rule above ratified the gap", _BEYOND),
 )
+RULE_BY_CODE: dict[str, Rule] = {rule.code: rule for rule in CHAIN}
+# The figures a sentence may name, space-separated (gate.reports._common.why fills them in).
+SENTENCE_FIELDS = (
+    "below steps mnats unit gap_units margin_units oracle_ulps candidate_ulps near_tie_ulps logprob direction "
+    "tie_rule candidate_token lower_bound part"
+)
+
+
+def plain_rule(cls: str) -> Rule:
+    """The rule whose sentence a divergence of class `cls` gets where its own rule's cannot be
+    said (it names a limit the doctrine at hand lacks, or its code is not the chain's)."""
+    return RULE_BY_CODE[{EXACT_TIE: RULE_EXACT_TIE, NEAR_TIE: RULE_MNATS}.get(cls, RULE_BEYOND_MNATS)]
 
 
 def decide(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = CHAIN) -> Decision:
@@ -360,6 +455,15 @@ def classify(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = C
     of `chain` that answers."""
     decision = decide(ev, doctrine, chain)
     gap = ev.gap_nats
+    # Not ratified only for want of the candidate's list: the oracle's gap is within the
+    # evidence rule's limit, so its list alone could have decided (the class stays defect).
+    want = (
+        decision.rule == RULE_NO_LIST
+        and doctrine.evidence is not None
+        and ev.unit is not None
+        and ev.candidate_logprob is not None
+        and _within(gap, doctrine.evidence.oracle_ulps * ev.unit, ev.oracle_logprob, ev.candidate_logprob)
+    )
     common: dict[str, Any] = {
         "prompt_id": ev.prompt_id,
         "position": ev.position,
@@ -392,4 +496,5 @@ def classify(ev: PositionEvidence, doctrine: Doctrine, chain: Sequence[Rule] = C
         gap_ulps=gap / ev.grid_step if ev.grid_step is not None else None,
         candidate_margin_ulps=ev.margin_units,
         gap_units=gap / ev.unit if ev.unit is not None else None,
+        want_of_evidence=want,
     )

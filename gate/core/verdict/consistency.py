@@ -30,7 +30,40 @@ def header_warnings(oracle: Trace, candidate: Trace) -> tuple[str, ...]:
             f"the headers name different models: oracle {oracle.header.model!r}, candidate "
             f"{candidate.header.model!r} (fine for a quantised or renamed copy; wrong otherwise)"
         )
+    out.extend(other_model_warnings(candidate))
     return tuple(out)
+
+
+def _names(value: object) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list | tuple) else []
+
+
+def _few_names(names: list[str], shown: int = 5) -> str:
+    """At most `shown` names, each cut to 80 characters and quoted (a server's text)."""
+    head = ", ".join(repr(n[:80]) for n in names[:shown])
+    return head + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def other_model_warnings(candidate: Trace) -> list[str]:
+    """Where the candidate's server answered as, or lists only, another model than the one
+    it was asked for (its header's `engine.served_model`, `answered_models`, `server_models`):
+    a warning every report shows beside the verdict, read from the trace, so a trace judged
+    again by `gate compare` says it too."""
+    engine = candidate.header.engine
+    asked = engine.get("served_model")
+    if not isinstance(asked, str) or not asked:
+        return []
+    out = []
+    answered = sorted(set(_names(engine.get("answered_models"))) - {asked})
+    if answered:
+        out.append(
+            f"the candidate's server answered as model {_few_names(answered)}, not {asked!r} as asked: "
+            "the tokens judged may be another model's"
+        )
+    listed = _names(engine.get("server_models"))
+    if listed and asked not in listed:
+        out.append(f"the candidate's server lists model(s) {_few_names(sorted(listed))} and not {asked!r}")
+    return out
 
 
 def check_something_to_compare(oracle: Trace, candidate: Trace) -> None:

@@ -29,7 +29,7 @@ DEFAULT_DTYPE = "bfloat16"
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """The evidence rule, in *noise units*: steps of the model dtype's grid at the oracle's
-    top logit, or at `floor_logit` where the top logit is smaller. Below that size a logit's
+    top logit, or at the least logit (`floor_logit`) where the top logit is smaller. Below that size a logit's
     own rounding no longer limits its precision (the hidden states and weights that make it
     do: measured across ISA paths, honest flips at |logit| 4-8 reach 4.5 of its steps, 1.1
     units), so the unit does not shrink with it.

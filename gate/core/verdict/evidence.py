@@ -5,8 +5,8 @@ when the doctrine asks for evidence (`Doctrine.evidence`); the rules that weigh 
 `gate.core.verdict.chain`.
 
 Everything is measured in steps of the model dtype's grid at the size of the oracle's top
-logit at that position (`grid_step` of the pin's `token_logits`), floored at the step of
-`Evidence.floor_logit` (16: 125 mnats in bf16), the unit honest drift comes in: two
+logit at that position (`grid_step` of the pin's `token_logits`), never less than the step
+at the rule's least logit (`Evidence.floor_logit`, 16: 125 mnats in bf16), the unit honest drift comes in: two
 engines running the same bf16 weights disagree by whole grid steps, the step doubles with
 each binade of the logit, and below |logit| 16 the error no longer shrinks with it.
 
@@ -42,7 +42,7 @@ from typing import Any
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.coverage import context_lists
 from gate.core.verdict.doctrine import Evidence
-from gate.core.verdict.grid import grid_step
+from gate.core.verdict.grid import grid_step, logprob_slack
 from gate.core.verdict.own_lists import FORCED, CandidateEvidence, OwnLists, forced_tops, free_tops
 
 # Fewer measured positions than this and the drift (of the run, a prompt, a window) is not
@@ -70,7 +70,7 @@ class DriftWindow:
 
 @dataclass(frozen=True, slots=True)
 class RunDrift:
-    """The run's swing statistics, in evidence units (the floored grid step; None: no
+    """The run's swing statistics, in evidence units (the grid step at the least logit or above; None: no
     position could be measured), with the judged windows (prompts, position blocks)."""
 
     positions: int
@@ -83,6 +83,10 @@ class RunDrift:
     tail_limit_ulps: float | None = None
     # Every prompt and every window of positions with at least MIN_DRIFT_POSITIONS measured.
     windows: tuple[DriftWindow, ...] = ()
+    # What float32 rounding can move a swing by, in units: one rounding of each of its two
+    # differences, taken at the oracle's logprobs (the largest over the run). Each limit
+    # allows it, so a drift at its limit cannot flip on a rounding.
+    slack_ulps: float = 0.0
 
     @property
     def judged(self) -> bool:
@@ -94,15 +98,16 @@ class RunDrift:
         if not self.judged or self.limit_ulps is None:
             return ()
         out: list[str] = []
-        limit = self.limit_ulps
-        if (self.median_ulps or 0.0) > limit:
+        limit, slack = self.limit_ulps, self.slack_ulps if self.limit_ulps > 0.0 else 0.0
+        if (self.median_ulps or 0.0) > limit + slack:
             out.append(f"run median {self.median_ulps:.2f} > {limit:g}")
-        if self.tail_limit_ulps is not None and (self.p90_ulps or 0.0) > self.tail_limit_ulps:
-            out.append(f"run p90 {self.p90_ulps:.2f} > {self.tail_limit_ulps:g}")
+        tail = self.tail_limit_ulps
+        if tail is not None and (self.p90_ulps or 0.0) > tail + (self.slack_ulps if tail > 0.0 else 0.0):
+            out.append(f"run p90 {self.p90_ulps:.2f} > {tail:g}")
         out.extend(
             f"{w.label()} median {w.median_ulps:.2f} > {limit:g} ({w.positions} positions)"
             for w in self.windows
-            if w.median_ulps > limit
+            if w.median_ulps > limit + slack
         )
         return tuple(out)
 
@@ -212,6 +217,7 @@ def run_drift(
     """The swing statistics of a run (see the module doc); prompts matched by id."""
     cand = candidate.by_id()
     swings: list[float] = []
+    slack = 0.0
     per_prompt: dict[str, list[float]] = {}
     per_window: dict[int, list[float]] = {}
     for o in oracle.records:
@@ -231,6 +237,8 @@ def run_drift(
                 continue
             s = swing(o.top_logprobs[i], ctop, step)
             if s is not None:
+                pair = o.top_logprobs[i]
+                slack = max(slack, 2.0 * logprob_slack(float(pair[0][1]), float(pair[1][1])) / step)
                 swings.append(s)
                 mine.append(s)
                 per_window.setdefault(i // DRIFT_WINDOW, []).append(s)
@@ -244,7 +252,7 @@ def run_drift(
         for b, v in sorted(per_window.items())
         if len(v) >= MIN_DRIFT_POSITIONS
     ]
-    return summarise(swings, limit_ulps, tail_limit_ulps=tail_limit_ulps, windows=tuple(windows))
+    return summarise(swings, limit_ulps, tail_limit_ulps=tail_limit_ulps, windows=tuple(windows), slack_ulps=slack)
 
 
 def _window_name(block: int) -> str:
@@ -262,6 +270,7 @@ def summarise(
     *,
     tail_limit_ulps: float | None = None,
     windows: tuple[DriftWindow, ...] = (),
+    slack_ulps: float = 0.0,
 ) -> RunDrift:
     if not swings:
         return RunDrift(0, None, None, None, None, limit_ulps, tail_limit_ulps)
@@ -279,6 +288,7 @@ def summarise(
         limit_ulps=limit_ulps,
         tail_limit_ulps=tail_limit_ulps,
         windows=windows,
+        slack_ulps=slack_ulps,
     )
 
 

@@ -286,7 +286,7 @@ def compare_runs(
     """Compare a cell's run with its reference run of the same engine (prompts matched by
     id; the reference restricted to the cell's prompts)."""
     wanted = {r.id for r in cell.records}
-    ref = replace(reference, records=tuple(floored(r, doctrine) for r in reference.records if r.id in wanted))
+    ref = replace(reference, records=tuple(at_least_logit(r, doctrine) for r in reference.records if r.id in wanted))
     if len(ref.records) != len(cell.records):
         missing = sorted(wanted - {r.id for r in ref.records})
         raise InputError(f"cell {schedule.cell!r}: prompt(s) {missing[:5]} are not in the reference run")
@@ -330,10 +330,10 @@ def compare_runs(
     )
 
 
-def floored(rec: PromptRecord, doctrine: Doctrine) -> PromptRecord:
-    """A reference without raw logits, under the evidence rule, sized at the rule's floor:
-    its unit is the grid step at max(|top logit|, floor_logit), never less than the step at
-    the floor, so taking the floor is the smallest unit the rule allows: a flip the rule
+def at_least_logit(rec: PromptRecord, doctrine: Doctrine) -> PromptRecord:
+    """A reference without raw logits, under the evidence rule, sized at the rule's least
+    logit: its unit is the grid step at max(|top logit|, floor_logit), never less than the
+    step at the least logit, so taking that is the smallest unit the rule allows: a flip the rule
     ratifies with it, it would ratify with the true logits too, and the drift counts at
     least as many units (`gate.core.verdict.doctrine.Evidence`). (A flip whose cell top-k
     lacks either token earns no allowance in grid steps under the evidence rule.)"""

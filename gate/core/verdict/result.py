@@ -84,6 +84,9 @@ class Divergence:
     rule: str = ""
     gap_units: float | None = None
     unit_mnats: float | None = None
+    # A defect only for want of the candidate's own list (rule no_list, the oracle's gap
+    # within the evidence rule's limit): not judged, rather than found wrong in the numbers.
+    want_of_evidence: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -116,6 +119,8 @@ class Divergence:
             out["unit_mnats"] = self.unit_mnats
         if self.rule:
             out["rule"] = self.rule
+        if self.want_of_evidence:
+            out["not_judged"] = "want_of_evidence"
         if self.oracle_text is not None:
             out["oracle_text"] = self.oracle_text
         if self.candidate_text is not None:
@@ -200,6 +205,8 @@ class GateResult:
             "exact_ties": classes.count(EXACT_TIE),
             "near_ties": classes.count(NEAR_TIE),
             "defects": classes.count(DEFECT),
+            # Of the defects, those not judged for want of the candidate's lists (an addition).
+            "not_judged_for_want_of_evidence": sum(d.want_of_evidence for d in self.divergences),
         }
 
     @property
