@@ -57,7 +57,8 @@ def _stats(pts: Sequence[Any], steps: Mapping[tuple[str, int], float]) -> dict[s
 
 def score(traces: Path, reference_path: Path | None) -> list[dict[str, Any]]:
     from gate.core.pins.pin import doctrine_for, load_pin
-    from gate.core.traces.trace import PromptRecord, Trace, TraceHeader, read_trace
+    from gate.core.traces.reader import read_trace
+    from gate.core.traces.trace import PromptRecord, Trace, TraceHeader
     from gate.core.verdict.adjudicate import compare
     from gate.core.verdict.distribution import points
     from gate.core.verdict.grid import grid_step

@@ -20,7 +20,8 @@ from typing import Any
 
 from gate.core.pins.pin import PinFolder, folder_for_writing
 from gate.core.storage.atomic import atomic_write
-from gate.core.traces.trace import PromptRecord, Trace, encode_trace, read_trace
+from gate.core.traces.reader import read_trace
+from gate.core.traces.trace import PromptRecord, Trace, encode_trace
 from gate.core.verdict.floor import Floor
 from gate.core.verdict.reference import REFERENCE_HEADER_KEY, REFERENCE_KEY, has_reference, reference_of
 from gate.errors import EngineError, PinError

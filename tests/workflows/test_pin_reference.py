@@ -18,7 +18,8 @@ def test_adding_the_reference_keeps_the_oracle_and_judges_against_float32(tmp_pa
 
     from gate.core.pins.pin import load_pin
     from gate.core.traces.digest import trace_sha256
-    from gate.core.traces.trace import Trace, TraceHeader, read_trace
+    from gate.core.traces.reader import read_trace
+    from gate.core.traces.trace import Trace, TraceHeader
     from gate.core.verdict.adjudicate import compare
     from gate.core.verdict.doctrine import Doctrine
     from gate.core.verdict.floor import Floor

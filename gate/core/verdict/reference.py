@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gate.core.traces.trace import TopList, Trace, check_top_logprobs
+from gate.core.traces.trace import TopList, Trace
+from gate.core.traces.validate import check_top_logprobs
 from gate.core.verdict.coverage import needed
 from gate.core.verdict.kl import canonical, kl_mnats
 from gate.errors import InputError
