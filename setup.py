@@ -35,7 +35,8 @@ def data_packages(package: str, folder: Path) -> dict[str, list[str]]:
 
 
 HERE = Path(__file__).resolve().parent
-PACKAGE_DATA: dict[str, list[str]] = {"gate": ["py.typed"]}
+# The Qwen3.6 test checkpoint (gate/models/qwen_tiny.py) lives in the package itself.
+PACKAGE_DATA: dict[str, list[str]] = {"gate": ["py.typed"], "gate._data.models": ["*/*"]}
 for name, top in DATA.items():
     if (HERE / top).is_dir():
         PACKAGE_DATA.update(data_packages(name, HERE / top))

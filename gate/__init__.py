@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gate.core.verdict.doctrine import Doctrine, Evidence
     from gate.core.verdict.floor import Floor
     from gate.core.verdict.result import Divergence, GateResult, PromptResult
+    from gate.engines.registry import load_engine
     from gate.errors import EngineError, GateError, InputError, Interrupted, PinError, TraceError
     from gate.reports import render
 
@@ -42,6 +43,7 @@ _LAZY: dict[str, str] = {
     "PromptRecord": "gate.core.traces.trace",
     "load_pin": "gate.api",
     "run": "gate.api",
+    "load_engine": "gate.engines.registry",
     "Pin": "gate.core.pins.pin",
     "Doctrine": "gate.core.verdict.doctrine",
     "Evidence": "gate.core.verdict.doctrine",
@@ -83,6 +85,7 @@ __all__ = [
     "__version__",
     "compare",
     "install_line",
+    "load_engine",
     "load_pin",
     "read_trace",
     "render",

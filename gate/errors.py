@@ -50,6 +50,16 @@ class EngineError(GateError):
     exit_code = 3
 
 
+class UnsupportedArchitecture(EngineError):
+    """An engine that cannot run a checkpoint's architecture here (exit 3), said in one line
+    naming both, before any long work."""
+
+    def __init__(self, engine: str, architecture: str, why: str) -> None:
+        super().__init__(f"engine {engine!r} cannot run the architecture {architecture} here: {why}")
+        self.engine = engine
+        self.architecture = architecture
+
+
 # An exception that is no GateError reached the command line: a bug in gate itself, not
 # bad input (2) and not the engine (3: an engine's own failures are EngineErrors, wrapped
 # where gate calls into it, `gate.workflows.engine_calls`). An addition to the spec's codes.

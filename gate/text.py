@@ -8,7 +8,9 @@ newline can forge one, and a bidi override (U+202E) can reorder what a reader se
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 # C0 controls (newline and tab included), DEL, C1 controls; the Unicode characters that
 # reorder or hide text: the Arabic letter mark, zero-width and directional marks, line and
@@ -36,3 +38,10 @@ def plural(n: int, one: str, many: str | None = None) -> str:
     """`1 prompt`, `2 prompts`, `0 exact ties`: a count with its noun in the right number
     (`many` defaults to `one` + "s")."""
     return f"{n} {one if n == 1 else (many if many is not None else one + 's')}"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """` Did you mean 'x'?` naming the one of `known` closest to `name` (as `difflib`
+    finds it), or "" when none is close: the tail of an "unknown NAME" message."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""

@@ -65,4 +65,9 @@ fi
 if [ "$llama_server" = 1 ]; then
   bash scripts/build_llama_server.sh
 fi
+if [ "$dev" = 1 ]; then
+  # The Qwen3.6 test checkpoint's conversions (its GGUF by llama.cpp's converter, its mlx-lm
+  # folder) into gate's cache, from the committed checkpoint: seconds, plus the sdist download.
+  .venv/bin/python scripts/build_qwen36_test_model.py convert
+fi
 .venv/bin/python -c "import gate, torch, transformers; print('gate installed in .venv (torch', torch.__version__ + ', transformers', transformers.__version__ + ')')"

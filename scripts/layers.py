@@ -26,7 +26,7 @@ from pathlib import Path
 FLOORS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("base", 0, ("gate.errors", "gate.text", "gate.version", "gate._data")),
     ("core", 1, ("gate.core",)),
-    ("plugin contract", 2, ("gate.engine",)),
+    ("plugin contract", 3, ("gate.engine",)),
     ("models", 2, ("gate.models",)),
     ("engines", 3, ("gate.engines",)),
     ("workflows", 4, ("gate.workflows",)),

@@ -41,8 +41,12 @@ def calibrate_command(*, request: CalibrateRequest, report: options.ReportTarget
 def register(app: typer.Typer) -> None:
     @app.command("calibrate", epilog=options.EXIT_CODES_WRITE)
     def calibrate_cmd(
-        oracle: Annotated[Path | None, typer.Argument(help="Oracle trace (omit both files to run the engine).")] = None,
-        candidate: Annotated[Path | None, typer.Argument(help="Candidate trace with top_logprobs.")] = None,
+        oracle: Annotated[
+            Path | None, typer.Argument(metavar="ORACLE", help="Oracle trace (omit both files to run the engine).")
+        ] = None,
+        candidate: Annotated[
+            Path | None, typer.Argument(metavar="CANDIDATE", help="Candidate trace with top_logprobs.")
+        ] = None,
         model: options.Model = None,
         engine: options.Engine = None,
         engine_opt: options.EngineOpt = None,

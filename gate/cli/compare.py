@@ -29,8 +29,10 @@ def compare_files(*, request: CompareRequest, report: options.ReportTarget) -> i
 def register(app: typer.Typer) -> None:
     @app.command("compare", epilog=options.EXIT_CODES_COMPARE)
     def compare_cmd(
-        oracle: Annotated[Path, typer.Argument(help="Oracle trace (JSON Lines, format v1).")],
-        candidate: Annotated[Path, typer.Argument(help="Candidate trace (JSON Lines, format v1).")],
+        oracle: Annotated[Path, typer.Argument(metavar="ORACLE", help="Oracle trace (JSON Lines, format v1).")],
+        candidate: Annotated[
+            Path, typer.Argument(metavar="CANDIDATE", help="Candidate trace (JSON Lines, format v1).")
+        ],
         near_tie_mnats: options.NearTieMnats = None,
         near_tie_ulps: options.NearTieUlps = None,
         no_evidence: options.NoEvidence = False,

@@ -42,19 +42,20 @@ def run_diagnose_activations(*, request: DiagnoseRequest, report: options.Report
     """`--emit-context FILE` and `--candidate-activations FILE` (gate.workflows.diagnose_request)."""
     import orjson
 
-    from gate.cli.output import emit, refuse_overwrite, say, write_data
+    from gate.cli.output import emit, pin_inputs, refuse_overwrite, say, write_data
     from gate.reports import check_format
     from gate.workflows.diagnose_request import EmittedContext, diagnose_activations
 
     fmt = report.fmt
 
-    def claim_output() -> None:
+    def claim_output(model_files: tuple[Path, ...]) -> None:
         nonlocal fmt
+        inputs: tuple[Path | None, ...] = (*model_files, *pin_inputs(request.pin_model(), request.pins_dir))
         if request.emit_context is not None:
-            refuse_overwrite(report.force, (request.emit_context, "--emit-context"))
+            refuse_overwrite(report.force, (request.emit_context, "--emit-context"), inputs=inputs)
         else:
             fmt = check_format("Diagnosis", report.fmt)
-            inputs = (request.candidate_activations,)
+            inputs = (request.candidate_activations, *inputs)
             refuse_overwrite(report.force, (report.output, "--output"), inputs=inputs)
 
     out = diagnose_activations(request, claim_output=claim_output, say=say)
@@ -80,15 +81,17 @@ def diagnose_hint(
     pins_dir: Path | None = None,
 ) -> str | None:
     """The `gate diagnose` command for a failed result's first defect (else first divergence),
-    with the run's own model, engine, options, weights and pins; None where there is none, or
-    where that command could not run: gate diagnose captures only some engines, and a hint
-    whose command exits 2 is no help."""
+    with the run's own model, engine, options, weights and pins; for a failure by the
+    distribution with no defect (a diffuse one), the command that reruns the gate and ranks
+    where the error grows, and what to read in it. None where there is none, or where that
+    command could not run: gate diagnose captures only some engines, and a hint whose
+    command exits 2 is no help."""
     from gate.core.verdict.result import DEFECT, FAIL
     from gate.engines.registry import resolve
     from gate.errors import GateError
     from gate.workflows.diagnose import capture_kind
 
-    if result.verdict != FAIL or not result.divergences:
+    if result.verdict != FAIL:
         return None
     try:
         capturable = capture_kind(resolve(engine)) is not None
@@ -96,8 +99,6 @@ def diagnose_hint(
         capturable = False
     if not capturable:
         return None
-    order = {p.id: i for i, p in enumerate(result.prompts)}
-    d = min(result.divergences, key=lambda x: (x.cls != DEFECT, order.get(x.prompt_id, 1 << 30), x.position))
     words = ["gate", "diagnose", "--model", model, "--engine", engine]
     for opt in engine_opts or ():
         words += ["--engine-opt", opt]
@@ -105,6 +106,21 @@ def diagnose_hint(
         words += ["--model-path", str(model_path)]
     if pins_dir is not None:
         words += ["--pins-dir", str(pins_dir)]
+    dist = result.distribution
+    diffuse = dist is not None and (dist.beyond or dist.disagrees)
+    if diffuse and not any(x.cls == DEFECT for x in result.divergences):
+        return (
+            "the gate failed by its distribution with no defect: the failure is diffuse, a small error spread over "
+            f"many positions; {shlex.join(words)} reruns the gate, diagnoses the position its failure points to "
+            "(the largest KL when the distribution failed it) and ranks the largest excursions on both paths, "
+            "under the location threshold too: a part that leads in every layer (an MLP or a norm scaled, an "
+            "accumulation in a narrower dtype) is where to look, and a larger decode path than prefill path "
+            "points at the KV cache"
+        )
+    if not result.divergences:
+        return None
+    order = {p.id: i for i, p in enumerate(result.prompts)}
+    d = min(result.divergences, key=lambda x: (x.cls != DEFECT, order.get(x.prompt_id, 1 << 30), x.position))
     words += ["--prompt", d.prompt_id, "--position", str(d.position)]
     if d.source == "forced" and d.forced_mode == "prefill":
         words += ["--path", "prefill"]

@@ -39,8 +39,10 @@ def diff_files(*, base: Path, new: Path, report: options.ReportTarget) -> int:
 def register(app: typer.Typer) -> None:
     @app.command("diff", epilog=EXIT_CODES_DIFF)
     def diff_cmd(
-        base: Annotated[Path, typer.Argument(help="The base run's JSON report (e.g. main's).")],
-        new: Annotated[Path, typer.Argument(help="The new run's JSON report (e.g. the pull request's).")],
+        base: Annotated[Path, typer.Argument(metavar="BASE", help="The base run's JSON report (e.g. main's).")],
+        new: Annotated[
+            Path, typer.Argument(metavar="NEW", help="The new run's JSON report (e.g. the pull request's).")
+        ],
         fmt: Annotated[
             DiffFormat,
             typer.Option("--format", help="Report format.", case_sensitive=False, rich_help_panel=options.OUTPUT_PANEL),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gate.cli import options
+from gate.cli.common import App
 
 if TYPE_CHECKING:
     from gate.workflows.goldens_request import GoldensRequest
@@ -79,7 +80,7 @@ _Golden = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    goldens_app = typer.Typer(
+    goldens_app = App(
         name="goldens",
         help="An engine's own greedy outputs (goldens/<org>/<model>/<engine>.jsonl): record them, and check "
         "that a change to the engine moves none, or which it moves and why.",

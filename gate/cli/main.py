@@ -16,11 +16,12 @@ import traceback
 
 import typer
 
+from gate.cli.common import App
 from gate.errors import INTERNAL_ERROR_EXIT, GateError
 from gate.text import printable
 from gate.version import __version__
 
-app = typer.Typer(
+app = App(
     name="gate",
     help="A token-exact gate for LLM inference engines: greedy outputs against a pinned vLLM oracle.",
     no_args_is_help=True,

@@ -44,7 +44,8 @@ def register(app: typer.Typer) -> None:
     @app.command("merge", epilog=options.EXIT_CODES_FILES)
     def merge_cmd(
         shards: Annotated[
-            list[Path], typer.Argument(help="Shard traces written by `gate run --shard K/N` (all N of them).")
+            list[Path],
+            typer.Argument(metavar="SHARDS...", help="Shard traces written by `gate run --shard K/N` (all N of them)."),
         ],
         output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the merged trace (- for stdout).")],
         model: Annotated[

@@ -15,16 +15,20 @@ from typing import Annotated
 
 import typer
 
+from gate.cli.common import BUILTIN_ENGINES
+
 Model = Annotated[
     str | None,
     typer.Option("--model", "-m", help="Model id whose pin to use \\[default: the embedded SmolLM2-135M-Instruct]."),
 ]
+# Every built-in engine, named by the registry itself when the help is shown (so the help
+# cannot leave one out, and `gate --help` imports no registry).
 Engine = Annotated[
     str | None,
     typer.Option(
         "--engine",
         "-e",
-        help="Engine: hf, vllm, openai, llamacpp, ortgenai, a plugin, or module:Class \\[default: hf].",
+        help=f"Engine: {BUILTIN_ENGINES}, a plugin, or module:Class \\[default: hf].",
     ),
 ]
 EngineOpt = Annotated[

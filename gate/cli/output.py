@@ -158,8 +158,8 @@ def emit(
         from rich.console import Console
 
         print_rich(result, Console(highlight=False, soft_wrap=False), details=details)
-    else:  # a file or a pipe: fixed width, no colour codes
-        text = render(result, fmt, details=details)
+    else:  # a file or a pipe: the width COLUMNS says (else 100), no colour codes
+        text = render(result, fmt, details=details, width=text_width())
         if not text.endswith("\n") and (to_stdout(output) or is_step_summary(output)):
             text += "\n"
         if output is not None and is_step_summary(output):
@@ -174,6 +174,20 @@ def emit(
         say(result.summary)
     if not is_step_summary(output):
         append_step_summary(result)
+
+
+# A text report narrower than this cannot hold its panels' labels beside their values.
+MIN_TEXT_WIDTH = 40
+
+
+def text_width() -> int | None:
+    """The width of a text report sent to a pipe or a file: `COLUMNS` when it is a whole
+    number (at least MIN_TEXT_WIDTH; at most 1,000), as rich reads it for a terminal; else
+    None, the renderer's own default (100 columns)."""
+    raw = os.environ.get("COLUMNS", "").strip()
+    if not raw.isdigit():
+        return None
+    return min(max(int(raw), MIN_TEXT_WIDTH), 1000)
 
 
 def step_summary() -> Path | None:

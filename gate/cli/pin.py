@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gate.cli import options
+from gate.cli.common import App
 
 if TYPE_CHECKING:
     from gate.workflows.pin_record import PinRecordRequest
@@ -65,9 +66,7 @@ def add_reference(
 
 
 def register(app: typer.Typer) -> None:
-    pin_app = typer.Typer(
-        name="pin", help="Record and inspect oracle pins (oracle_pins/<org>/<model>/).", no_args_is_help=True
-    )
+    pin_app = App(name="pin", help="Record and inspect oracle pins (oracle_pins/<org>/<model>/).", no_args_is_help=True)
 
     @pin_app.command("record", epilog=options.EXIT_CODES_WRITE)
     def record_cmd(
@@ -100,8 +99,21 @@ def register(app: typer.Typer) -> None:
                 "prompt at a time, the HF engine on the same device) when oracle.json's doctrine has none.",
             ),
         ] = True,
+        oracle: Annotated[
+            str | None,
+            typer.Option(
+                "--oracle",
+                help="Which implementation records the pin: vllm, or transformers (the reference implementation, "
+                "for an architecture vLLM cannot run here; give --dtype) \\[default: oracle.json's engine].",
+            ),
+        ] = None,
+        dtype: Annotated[
+            str | None,
+            typer.Option("--dtype", help="The oracle's dtype: bfloat16 or float32 \\[default: oracle.json's]."),
+        ] = None,
     ) -> None:
-        """Run the vLLM oracle over the prompt suite and write the pin with its provenance."""
+        """Run the oracle (vLLM, or transformers with --oracle) over the prompt suite and write the pin
+        with its provenance."""
         from gate.workflows.pin_record import PinRecordRequest
 
         request = PinRecordRequest(
@@ -114,6 +126,8 @@ def register(app: typer.Typer) -> None:
             pins_dir=pins_dir,
             force=force,
             measure_floor=floor,
+            oracle=oracle,
+            dtype=dtype,
         )
         raise typer.Exit(record_pin(request=request))
 

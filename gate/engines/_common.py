@@ -14,6 +14,8 @@ from gate.core.engine import PromptInput
 from gate.core.traces.trace import PromptRecord
 from gate.errors import InputError
 from gate.models.default import DEFAULT_MODEL, find_gguf
+from gate.models.qwen_tiny import QWEN_TINY
+from gate.models.qwen_tiny import gguf_path as qwen_tiny_gguf
 
 # One top-k list as the trace stores it: [token_id, logprob] pairs.
 Pairs = list[list[Any]]
@@ -145,12 +147,15 @@ def greedy_record(
 
 def locate_gguf(model: str, model_path: str | None, *, not_a_gguf: str) -> Path:
     """The GGUF file an engine runs: `model_path` when given, the embedded default's own
-    Q4_1 GGUF for the default model, else `model` itself when it names a `.gguf` file.
+    Q4_1 GGUF for the default model, the Qwen3.6 test checkpoint's bf16 GGUF for its id,
+    else `model` itself when it names a `.gguf` file.
     `not_a_gguf` is the engine's sentence for a model that is none (formatted with `model`)."""
     if model_path:
         path = Path(model_path).expanduser()
     elif model == DEFAULT_MODEL:
         path, _ = find_gguf()
+    elif model == QWEN_TINY:
+        path = qwen_tiny_gguf()
     else:
         path = Path(model).expanduser()
         if not (path.is_file() and path.suffix == ".gguf"):
@@ -158,3 +163,50 @@ def locate_gguf(model: str, model_path: str | None, *, not_a_gguf: str) -> Path:
     if not path.is_file():
         raise InputError(f"GGUF file {path} does not exist")
     return path
+
+
+CONFIG_LIMIT = 1 << 20  # a config.json is a few KB; anything past 1 MiB is not one
+
+
+def architectures_of(folder: str | Path) -> tuple[str, ...]:
+    """The `architectures` a local model folder's config.json declares (empty for a hub id,
+    a folder without one, or a config that names none). Read bounded: 1 MiB at most."""
+    import orjson
+
+    path = Path(folder).expanduser() / "config.json"
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(CONFIG_LIMIT + 1)
+    except OSError:
+        return ()
+    if len(raw) > CONFIG_LIMIT:
+        raise InputError(f"{path}: over {CONFIG_LIMIT} bytes, not a model config")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"{path}: bad JSON: {exc}") from None
+    archs = obj.get("architectures") if isinstance(obj, dict) else None
+    return tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else ()
+
+
+# Hybrid architectures whose linear-attention layers (Gated DeltaNet) keep a recurrent state:
+# Qwen3.5 / Qwen3.6 (dense and MoE, text-only and multimodal checkpoints) and Qwen3-Next.
+RECURRENT_ARCHITECTURES = frozenset(
+    {
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3NextForCausalLM",
+    }
+)
+
+
+def refuse_recurrent(engine: str, folder: str | Path, why: str) -> None:
+    """An UnsupportedArchitecture (exit 3) when the folder's checkpoint is one of the hybrid
+    recurrent architectures that `engine` cannot run (`why` says what it lacks)."""
+    from gate.errors import UnsupportedArchitecture
+
+    for arch in architectures_of(folder):
+        if arch in RECURRENT_ARCHITECTURES:
+            raise UnsupportedArchitecture(engine, arch, why)

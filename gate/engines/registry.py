@@ -6,7 +6,6 @@ chosen, so `gate --help` and `gate compare` stay instant.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Mapping
 from importlib.metadata import entry_points
@@ -14,6 +13,7 @@ from typing import Any
 
 from gate.core.engine import Engine
 from gate.errors import EngineError, InputError
+from gate.text import did_you_mean
 from gate.version import install_line
 
 BUILTIN: dict[str, str] = {
@@ -56,9 +56,9 @@ def resolve(name: str) -> type[Any]:
     if target is None and ":" in name:
         target = name
     if target is None:
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise InputError(f"unknown engine {name!r}.{hint} Known engines: {', '.join(sorted(known))}")
+        raise InputError(
+            f"unknown engine {name!r}.{did_you_mean(name, known)} Known engines: {', '.join(sorted(known))}"
+        )
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -73,6 +73,10 @@ def resolve(name: str) -> type[Any]:
 
 
 def load_engine(name: str, model: str, options: Mapping[str, str] | None = None) -> Engine:
+    """The engine `name` (a built-in, an installed plugin's name or `module:Class`) loaded on
+    `model` (a model id or a folder) with `options` (the `--engine-opt` strings); the caller
+    closes it. `gate.load_engine` in the Python API. An unknown name or a missing extra is
+    an InputError (exit 2); an engine that fails to load, an EngineError (exit 3)."""
     cls = resolve(name)
     try:
         engine = cls(model, **dict(options or {}))
@@ -82,4 +86,17 @@ def load_engine(name: str, model: str, options: Mapping[str, str] | None = None)
         raise EngineError(f"engine {name!r} ran out of memory loading {model}: {exc}") from exc
     except Exception as exc:  # an engine's own failure to start is an engine failure
         raise EngineError(f"engine {name!r} failed to load {model}: {type(exc).__name__}: {exc}") from exc
+    lacking = [m for m in CONTRACT_METHODS if not callable(getattr(engine, m, None))]
+    if lacking:
+        # Checked as it loads, so that a missing method never fails later in gate's own code
+        # (a missing close() at the end of a run, hiding the run's own outcome).
+        raise EngineError(
+            f"engine {name!r} ({type(engine).__module__}.{type(engine).__qualname__}) lacks "
+            f"{', '.join(m + '()' for m in lacking)} of the plugin contract (gate.engine.Engine: "
+            f"{', '.join(m + '()' for m in CONTRACT_METHODS)})"
+        )
     return engine
+
+
+# The methods every engine has (gate.core.engine.Engine).
+CONTRACT_METHODS = ("info", "generate", "encode", "decode_tokens", "close")

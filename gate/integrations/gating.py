@@ -75,25 +75,29 @@ def passed(result: GateResult) -> bool:
 
 
 def failure_reason(result: GateResult) -> str:
-    """One line: why the verdict is not a pass, from the field that decided it."""
+    """One line: why the verdict is not a pass, from the fields that decided it; a run that
+    fails both by its prompts and by its distribution names both."""
     verdict = VERDICT_LABELS.get(result.verdict, result.verdict)
-    dist = result.distribution
-    if dist is not None and dist.beyond:
-        return f"{verdict}: numerics beyond honest drift: {'; '.join(dist.beyond_figures)}"
-    if dist is not None and dist.disagrees and dist.free_forced is not None:
-        return f"{verdict}: free run and forced decode disagree: {'; '.join(dist.free_forced.beyond_figures)}"
+    causes: list[str] = []
     defects = [d for d in result.divergences if d.cls == DEFECT]
+    unratified = [p.id for p in result.prompts if not p.ratified]
     if defects:
         d = defects[0]
         more = f" (and {len(defects) - 1} more)" if len(defects) > 1 else ""
         first = "first divergence not judged for want of evidence" if d.want_of_evidence else "first defect"
-        return (
-            f"{verdict}: {first} at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
+        causes.append(
+            f"{first} at prompt {d.prompt_id!r} position {d.position} (oracle token {d.oracle_token}, "
             f"candidate token {d.candidate_token}){more}: {why(d, result.doctrine, with_rule=False)}"
         )
-    unratified = [p.id for p in result.prompts if not p.ratified]
-    if unratified:
-        return f"{verdict}: {len(unratified)} prompt(s) not ratified: {', '.join(map(repr, unratified[:5]))}"
+    elif unratified:
+        causes.append(f"{len(unratified)} prompt(s) not ratified: {', '.join(map(repr, unratified[:5]))}")
+    dist = result.distribution
+    if dist is not None and dist.beyond:
+        causes.append(f"numerics beyond honest drift: {'; '.join(dist.beyond_figures)}")
+    elif dist is not None and dist.disagrees and dist.free_forced is not None:
+        causes.append(f"free run and forced decode disagree: {'; '.join(dist.free_forced.beyond_figures)}")
+    if causes:
+        return f"{verdict}: " + "; and ".join(causes)
     if result.verdict == RATIFIED_PASS and result.doctrine.strict:
         diverged = [p.id for p in result.prompts if not p.strict]
         return (

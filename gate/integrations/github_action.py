@@ -46,7 +46,6 @@ REPORT_JUNIT = "gate-report.xml"
 CANDIDATE_TRACE = "gate-candidate.jsonl"
 DIFF_JSON = "gate-diff.json"
 DIFF_MARKDOWN = "gate-diff.md"
-REPORT = "gate JSON report"
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
 
@@ -174,11 +173,11 @@ def check_report_folder(args: argparse.Namespace, paths: Mapping[str, Path]) -> 
 
 def run(args: argparse.Namespace, env: Mapping[str, str], log: RunnerLog) -> int:
     from gate.core.storage.atomic import atomic_write
-    from gate.core.storage.json_file import read_json
     from gate.core.traces.trace import encode_trace
     from gate.core.verdict.diff import parse_report
     from gate.integrations.gating import Overrides, default_model, gate_candidate, gate_engine_named
     from gate.reports import render
+    from gate.workflows.diff import read_report
 
     strict = flag(args.strict, "strict")
     try:
@@ -194,7 +193,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str], log: RunnerLog) -> int
     paths = report_paths(args)
     check_report_folder(args, paths)
     # Read before anything is written: what the diff compares is the baseline as it was given.
-    base = parse_report(read_json(baseline, what=REPORT), str(baseline)) if baseline is not None else None
+    base = read_report(baseline) if baseline is not None else None
 
     # The pin is the one the user names, else the default: never the one a trace's header
     # names (a candidate would choose its own judge); a trace for another model is refused.

@@ -62,11 +62,16 @@ def default_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 def resolve_model_path(model_id: str) -> str:
     """The path or id to hand to transformers / vLLM for `model_id`.
 
-    The default id maps to its materialised folder (built on first use); any other id, a
-    local path or a Hugging Face id, passes through unchanged.
+    The default id maps to its materialised folder (built on first use), the Qwen3.6 test
+    checkpoint's id to its folder in the package (checked against its manifest); any other
+    id, a local path or a Hugging Face id, passes through unchanged.
     """
+    from gate.models.qwen_tiny import QWEN_TINY, qwen_tiny_dir
+
     if model_id == DEFAULT_MODEL:
         return str(materialize_default())
+    if model_id == QWEN_TINY:
+        return str(qwen_tiny_dir())
     return model_id
 
 

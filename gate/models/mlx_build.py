@@ -92,6 +92,36 @@ def mlx_quantised(
     return target
 
 
+def mlx_converted(
+    source: str | os.PathLike[str],
+    *,
+    dtype: str = "bfloat16",
+    cache_dir: str | os.PathLike[str] | None = None,
+    log: Log | None = None,
+) -> Path:
+    """The MLX folder of `source` converted unquantised by `mlx_lm.convert` at `dtype`, built on
+    first use and checked against its manifest on every later use."""
+    say = log or _stderr
+    src = Path(source).expanduser()
+    if not (src / "config.json").is_file():
+        raise InputError(f"{src}: not a model folder (no config.json) to convert with mlx-lm")
+    hashes = source_hashes(src)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else gate_cache_dir() / "models"
+    target = root / f"{src.name}-mlx-{dtype}"
+    if target.exists():
+        problem = check_mlx_folder(target, source_weights_sha256=hashes["weights_sha256"])
+        if problem is None:
+            return target
+        say(f"the cached MLX conversion at {target} failed its check ({problem}); rebuilding it")
+    else:
+        say(f"converting {src} with mlx-lm ({dtype}) into {target} (once)")
+    build_and_publish(target, lambda tmp: _build(src, tmp, None, DEFAULT_GROUP_SIZE, dtype, hashes))
+    problem = check_mlx_folder(target, source_weights_sha256=hashes["weights_sha256"])
+    if problem is not None:
+        raise EngineError(f"the MLX conversion at {target} does not pass its own check: {problem}")
+    return target
+
+
 def check_mlx_folder(folder: Path, *, source_weights_sha256: str | None = None) -> str | None:
     """None when `folder` holds an intact MLX build (of those source weights), else why not."""
     manifest = load_manifest(folder, MLX_MANIFEST, "gate_mlx_manifest", MLX_MANIFEST_VERSION)
@@ -118,7 +148,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _build(source: Path, out: Path, bits: int, group_size: int, dtype: str | None, hashes: dict[str, str]) -> None:
+def _build(
+    source: Path, out: Path, bits: int | None, group_size: int, dtype: str | None, hashes: dict[str, str]
+) -> None:
     try:
         from mlx_lm.convert import convert
     except ImportError as exc:
@@ -131,21 +163,23 @@ def _build(source: Path, out: Path, bits: int, group_size: int, dtype: str | Non
             convert(
                 str(source),
                 mlx_path=str(out),
-                quantize=True,
-                q_bits=bits,
+                quantize=bits is not None,
+                q_bits=bits or 4,
                 q_group_size=group_size,
                 q_mode=QUANT_MODE,
                 dtype=dtype,
             )
     except Exception as exc:
         text = " ".join(str(exc).split())
-        raise EngineError(f"mlx-lm could not quantise {source}: {type(exc).__name__}: {text}") from None
+        raise EngineError(f"mlx-lm could not convert {source}: {type(exc).__name__}: {text}") from None
     # mlx-lm's model card names no source for a local folder; gate's manifest does.
     with contextlib.suppress(OSError):
         (out / "README.md").unlink()
     write_manifest(
         out,
-        {"bits": bits, "group_size": group_size, "mode": QUANT_MODE, "dtype": dtype},
+        {"bits": bits, "group_size": group_size, "mode": QUANT_MODE, "dtype": dtype}
+        if bits is not None
+        else {"bits": None, "dtype": dtype},
         {"path": str(source), **hashes},
         build_seconds=time.monotonic() - started,
     )
@@ -162,7 +196,10 @@ def write_manifest(
         "gate_mlx_manifest": MLX_MANIFEST_VERSION,
         "quantisation": quantisation,
         "source": source,
-        "builder": {"function": "mlx_lm.convert.convert(quantize=True)", **_versions()},
+        "builder": {
+            "function": f"mlx_lm.convert.convert(quantize={quantisation.get('bits') is not None})",
+            **_versions(),
+        },
         "model_sha256": model_digest,
         "files": files,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

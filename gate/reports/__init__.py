@@ -85,11 +85,24 @@ def _with_details(func: Any, details: bool) -> dict[str, bool]:
     return {"details": True} if details and "details" in inspect.signature(func).parameters else {}
 
 
-def render(result: Reportable, fmt: str, *, details: bool = False) -> str:
-    """`result` as text in `fmt` (`details`: with the details section, where it has one)."""
+def _with_width(func: Any, width: int | None) -> dict[str, int]:
+    """`width` for a renderer that lays text out to a width (the text reports)."""
+    return {"width": width} if width is not None and "width" in inspect.signature(func).parameters else {}
+
+
+def render(result: Reportable, fmt: str, *, details: bool = False, width: int | None = None) -> str:
+    """`result` as text in `fmt` (`details`: with the details section, where it has one;
+    `width`: the columns of a text report, else its default). No line ends in spaces, in
+    any format: padding that a table or panel leaves at a line's end is taken off."""
     kind = type(result).__name__
     func = _load(RENDERERS[kind, check_format(kind, fmt)])
-    return str(func(result, **_with_details(func, details)))
+    text = str(func(result, **_with_details(func, details), **_with_width(func, width)))
+    return trim_line_ends(text)
+
+
+def trim_line_ends(text: str) -> str:
+    """`text` with the spaces and tabs at the end of each line removed."""
+    return "\n".join(line.rstrip(" \t") for line in text.split("\n"))
 
 
 def has_format(result: Reportable, fmt: str) -> bool:

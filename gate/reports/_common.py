@@ -8,11 +8,13 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
+from gate.core.pins.pin import oracle_label
 from gate.core.verdict.chain import RULE_BY_CODE, plain_rule
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import (
     DEFECT,
     EXACT_TIE,
+    FAIL,
     FORCED,
     NEAR_TIE,
     RATIFIED_PASS,
@@ -20,7 +22,7 @@ from gate.core.verdict.result import (
     Divergence,
     GateResult,
 )
-from gate.text import printable
+from gate.text import plural, printable
 
 # The one-line reason an exact tie can split two honest engines.
 TIE_BREAK_RULE = "torch.argmax and vLLM take the lowest id among equal maxima"
@@ -166,15 +168,27 @@ def by_prompt(result: GateResult) -> dict[str, list[Divergence]]:
 
 
 def verdict_line(result: GateResult) -> str:
-    """`verdict: ratified pass (exit 0)`, with the reason under --strict."""
+    """`verdict: ratified pass (exit 0)`; a failure with each of its causes, the prompts'
+    (`4 defects`) and the distribution's, so the last line never names one cause of two."""
     v = result.verdict
     note = " under --strict" if v == RATIFIED_PASS and result.doctrine.strict else ""
+    causes = []
+    not_ratified = sum(not p.ratified for p in result.prompts)
+    if v == FAIL and not_ratified:
+        counts = result.counts
+        unjudged = counts.get("not_judged_for_want_of_evidence", 0)
+        found = counts["defects"] - unjudged
+        words = [plural(found, "defect")] if found else []
+        words += [f"{unjudged} not judged for want of evidence"] if unjudged else []
+        causes.append(" and ".join(words) or f"{plural(not_ratified, 'prompt')} not ratified")
     if result.distribution is not None and result.distribution.beyond:
-        note += ": numerics beyond honest drift, the distribution verdict"
+        causes.append("numerics beyond honest drift, the distribution verdict")
     elif result.distribution is not None and result.distribution.insufficient:
-        note += ": the distribution verdict could not judge what the candidate reported"
+        causes.append("the distribution verdict could not judge what the candidate reported")
     elif result.distribution is not None and result.distribution.disagrees:
-        note += ": the candidate's free run and forced decode disagree beyond honest drift"
+        causes.append("the candidate's free run and forced decode disagree beyond honest drift")
+    if causes:
+        note += ": " + " and ".join(causes)
     return f"verdict: {VERDICT_LABELS.get(v, v)} (exit {result.exit_code}{note})"
 
 
@@ -246,7 +260,9 @@ def provenance_line(result: GateResult) -> str:
     if result.model:
         parts.append(f"model {result.model}")
     if result.oracle_engine or result.candidate_engine:
-        parts.append(f"oracle {result.oracle_engine or '?'} vs candidate {result.candidate_engine or '?'}")
+        oracle = result.oracle_engine
+        named = f"{oracle_label(oracle)} ({oracle})" if oracle and oracle_label(oracle) != oracle else oracle
+        parts.append(f"oracle {named or '?'} vs candidate {result.candidate_engine or '?'}")
     machine = result.run.machine if result.run is not None else None
     if machine and machine.get("pin") and machine.get("candidate"):
         parts.append(f"pin recorded on {machine['pin']}, candidate on {machine['candidate']}")

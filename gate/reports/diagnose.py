@@ -38,7 +38,9 @@ def _head(d: Diagnosis) -> Text:
     head = Text()
     head.append("Diagnosis ", style="bold")
     head.append(f"of {d.model or 'the model'}: prompt {d.prompt_id}, position {d.position} ")
-    src = "named on the command line" if d.source == "given" else f"{d.source.replace('_', ' ')} divergence"
+    src = {"given": "named on the command line", "distribution": "the failed distribution's largest KL"}.get(
+        d.source, f"{d.source.replace('_', ' ')} divergence"
+    )
     cls = f", {d.divergence_class.replace('_', ' ')}" if d.divergence_class else ""
     head.append(f"({src}{cls}), {d.path} path\n")
     head.append(
@@ -52,7 +54,19 @@ def _head(d: Diagnosis) -> Text:
             f"honest band from {_engine(eng.get('honest'))}\n"
         )
     head.append(f"metric: {METRIC_TEXT}; located where it exceeds {d.margin:g}× the honest band\n")
+    if d.gate_failure is not None:
+        g = d.gate_failure
+        head.append(f"the gate failed: {'; '.join(g.reasons)}; this position is {g.chosen} ({g.path} path)\n")
     return head
+
+
+def excursion_lines(d: Diagnosis) -> list[str]:
+    """The ranked excursions of both paths, one line each, past the margin or not."""
+    return [
+        f"{i}. {times(e.point.ratio)} at {where_text(e.point, d.layer_count)}, {e.path} path "
+        f"({e.point.module}, position {e.point.position})"
+        for i, e in enumerate(d.excursions(), start=1)
+    ]
 
 
 def _engine(info: object) -> str:
@@ -95,9 +109,13 @@ def diagnosis_renderable(d: Diagnosis) -> RenderableType:
         parts.append(Text(f"not in the candidate's capture: {', '.join(d.finding.missing)}\n"))
     if d.other is not None:
         parts.append(Text(f"{d.other.path} path: {finding_line(d.other, d.margin, d.layer_count)}"))
+    ranked = excursion_lines(d)
+    if ranked:
+        parts.append(Text("largest excursions, both paths (past the margin or not):\n" + "\n".join(ranked)))
     for note in d.notes:
         parts.append(Text(note))
-    parts.append(Text(d.summary, style="bold red" if d.finding.located else "bold green"))
+    bad = d.finding.located or d.gate_failure is not None
+    parts.append(Text(d.summary, style="bold red" if bad else "bold green"))
     return Group(*parts)
 
 
@@ -187,11 +205,14 @@ def _svg(d: Diagnosis, f: PathFinding) -> str:
 
 def render_diagnosis_html(d: Diagnosis) -> str:
     e = html.escape
-    verdict_colour = "#c62828" if d.finding.located else "#2e7d32"
+    verdict_colour = "#c62828" if d.finding.located or d.gate_failure is not None else "#2e7d32"
     sections = [f"<h2>{e(d.path)} path (the divergence's)</h2>", _svg(d, d.finding), _html_table(d, d.finding)]
     if d.other is not None:
         sections += [f"<h2>{e(d.other.path)} path</h2>", _svg(d, d.other), _html_table(d, d.other)]
     head = e(_head(d).plain).replace("\n", "<br>")
+    ranked = "".join(f"<li>{e(line.split('. ', 1)[1])}</li>" for line in excursion_lines(d))
+    if ranked:
+        sections.insert(0, f"<h2>largest excursions, both paths</h2><ol>{ranked}</ol>")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>gate diagnose</title>"
         "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1000px}"

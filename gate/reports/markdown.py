@@ -6,7 +6,7 @@ a backtick or a newline in them cannot break a table.
 
 from __future__ import annotations
 
-from gate.core.verdict.result import EXACT_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
+from gate.core.verdict.result import EXACT_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult, summary_legend
 from gate.reports._common import (
     CLASS_LABELS,
     TIE_BREAK_RULE,
@@ -57,6 +57,7 @@ def render_markdown(result: GateResult) -> str:
         "",
         f"**{cell(result.summary)}** · exit {result.exit_code}",
         "",
+        *([cell(legend), ""] if (legend := summary_legend(result)) is not None else []),
         *(f"> ⚠️ warning: {cell(w)}\n" for w in result.warnings),
     ]
     greedy = not_greedy_line(result)

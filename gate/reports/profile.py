@@ -153,30 +153,39 @@ def profile_lines(result: GateResult) -> list[str]:
             f"90th percentile {_mn(m.p90)}, largest {_mn(m.max)}."
         )
     b = p.bands
-    ulps = result.doctrine.near_tie_ulps
-    grid = f" or {ulps:g} grid steps" if ulps is not None else ""
-    ev = result.doctrine.evidence
-    if ev is not None:
-        grid += (
-            f", or by the evidence rule: oracle gap <= {ev.oracle_ulps:g}, own margin <= "
-            f"{ev.candidate_ulps:g}, drift <= {ev.drift_ulps:g} units"
-        )
     cost = ""
     if p.cost_mnats is not None:
         c = p.cost_mnats
         cost = f"; median {_mn(c.median)} mnats, 90th percentile {_mn(c.p90)}, largest {_mn(c.max)}"
     lines.append(
         f"By how much (oracle − candidate logprob): {plural(b['exact_tie'], 'exact tie')}, "
-        f"{plural(b['near_tie'], 'near tie')} "
-        f"(≤ {_mn(near)} mnats{grid}), {b['up_to_1_nat']} other gaps up to 1 nat, {b['over_1_nat']} over 1 nat, "
-        f"{b['outside_top_k']} outside the oracle's top-k"
+        f"{plural(b['near_tie'], 'near tie')}, {b['up_to_1_nat']} other gaps up to 1 nat, "
+        f"{b['over_1_nat']} over 1 nat, {b['outside_top_k']} outside the oracle's top-k"
         + (f", {b['stopped']} where the candidate stopped" if b["stopped"] else "")
         + cost
         + "."
     )
+    lines.append(near_tie_sentence(result, near))
     r = p.ranks
     lines.append(
         f"The candidate's token was the oracle's #2 at {plural(r['2'], 'position')}, #3 at {r['3']}, "
         f"#4 or lower at {r['4+']}, outside its top-k at {r['outside']}."
     )
     return lines
+
+
+def near_tie_sentence(result: GateResult, near_mnats: float) -> str:
+    """What the doctrine counts as a near tie, one unit to a clause: mnats, then grid steps,
+    then the evidence rule's limits (each in grid steps)."""
+    doctrine = result.doctrine
+    grid = f"steps of the {doctrine.dtype or 'bfloat16'} grid"
+    out = f"A near tie is a gap of at most {_mn(near_mnats)} mnats"
+    if doctrine.near_tie_ulps is not None:
+        out += f", or of at most {doctrine.near_tie_ulps:g} {grid}"
+    ev = doctrine.evidence
+    if ev is not None:
+        out += (
+            f"; or one the evidence rule ratifies: an oracle gap of at most {ev.oracle_ulps:g} {grid}, with the "
+            f"candidate's own margin at most {ev.candidate_ulps:g} and its drift at most {ev.drift_ulps:g}"
+        )
+    return out + "."

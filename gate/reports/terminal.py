@@ -15,7 +15,16 @@ from rich.table import Table
 from rich.text import Text
 
 from gate.core.verdict.doctrine import Doctrine
-from gate.core.verdict.result import DEFECT, EXACT_TIE, NEAR_TIE, RATIFIED_PASS, STRICT_PASS, Divergence, GateResult
+from gate.core.verdict.result import (
+    DEFECT,
+    EXACT_TIE,
+    NEAR_TIE,
+    RATIFIED_PASS,
+    STRICT_PASS,
+    Divergence,
+    GateResult,
+    summary_legend,
+)
 from gate.reports._common import (
     CLASS_LABELS,
     by_prompt,
@@ -144,6 +153,9 @@ def report_parts(
     parts.extend(Text(line, style=DISTRIBUTION_STYLES[kind]) for line, kind in distribution_summary_lines(result))
     if not details:
         parts.append(Text(DETAILS_HINT, style="dim"))
+    legend = summary_legend(result)
+    if legend is not None:
+        parts.append(Text(legend, style="dim"))
     parts.append(Text(result.summary, style="bold"))
     parts.append(Text(verdict_line(result), style=style))
     return parts

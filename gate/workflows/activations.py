@@ -11,6 +11,8 @@ named activations, the path a plugin's `capture_activations` takes too.
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,8 +25,10 @@ from gate.core.diagnosis.dump import (
     check_context,
     check_rows,
     dump_path,
+    header_length,
     module_shapes,
-    read_safetensors,
+    parse_header,
+    tensors_of,
 )
 from gate.errors import InputError
 from gate.workflows.diagnose import NamedActivations, Target, target_given
@@ -71,14 +75,29 @@ def emit_context(pin: Pin, target: Target, model_path: str) -> ActivationContext
 
 
 def load_dump(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(arrays by name, metadata) of a dump file, or InputError naming the file."""
+    """(arrays by name, metadata) of a dump file, or InputError naming the file. The header is
+    read and checked against the file's size first (bounded: `MAX_HEADER`); the body is then
+    mapped, never read whole, and each tensor widened to float32 from it."""
     where = str(path)
     if not path.is_file():
         raise InputError(f"--candidate-activations {where}: no such file")
-    size = path.stat().st_size
-    if size > MAX_DUMP_BYTES:
-        raise InputError(f"--candidate-activations {where}: {size} bytes, more than a dump may hold ({MAX_DUMP_BYTES})")
-    return read_safetensors(path.read_bytes(), where)
+    with path.open("rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > MAX_DUMP_BYTES:
+            raise InputError(
+                f"--candidate-activations {where}: {size} bytes, more than a dump may hold ({MAX_DUMP_BYTES})"
+            )
+        prefix = fh.read(8)
+        length = header_length(prefix, size, where)
+        header = parse_header(prefix + fh.read(length), size, where)
+        if header.body == 0:
+            return tensors_of(header, b""), header.meta
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            body = memoryview(mapped)[8 + header.length :]
+            try:
+                return tensors_of(header, body), header.meta
+            finally:
+                body.release()
 
 
 def dump_target(

@@ -32,6 +32,7 @@ from gate.core.diagnosis.record import Diagnosis
 from gate.core.engine import CapturesActivations, CapturesPaths
 from gate.core.verdict.result import DEFECT, FORCED, GateResult
 from gate.errors import EngineError, GateError, InputError
+from gate.text import did_you_mean
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
@@ -93,8 +94,8 @@ def target_given(pin: Pin, prompt_id: str, position: int, path: str = DECODE) ->
     records = {r.id: r for r in pin.trace.records}
     rec = records.get(prompt_id)
     if rec is None:
-        close = ", ".join(list(records)[:5])
-        raise InputError(f"--prompt {prompt_id!r}: the pin of {pin.model} has no such prompt (first ids: {close})")
+        close = did_you_mean(prompt_id, records) or f" Its first ids: {', '.join(list(records)[:5])}."
+        raise InputError(f"--prompt {prompt_id!r}: the pin of {pin.model} has no such prompt.{close}")
     n = len(rec.token_ids)
     if not 0 <= position < n:
         raise InputError(f"--position {position}: prompt {prompt_id!r} has oracle positions 0..{n - 1}")

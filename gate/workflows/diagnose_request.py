@@ -9,7 +9,7 @@ No printing: what the person should read goes to `say`, the progress to `display
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gate.core.diagnosis.dump import ActivationContext
@@ -23,8 +23,8 @@ from gate.workflows.diagnose import (
     diagnose_candidate,
     diagnose_engine,
     target_given,
-    target_of_result,
 )
+from gate.workflows.diagnose_failure import failure_of
 from gate.workflows.engine_calls import open_engine
 from gate.workflows.requests import EngineRequest, ProgressDisplay, Say, default_model, no_progress, silent
 from gate.workflows.run import RunPlan, gate_run
@@ -65,21 +65,24 @@ def diagnose_request(
     opts = request.engine.options()
     pin = load_pin(request.pin_model(), request.pins_dir)
     name = request.engine.name()
-    check_capturable(resolve(name), name)
     target = None
-    if prompt is not None and position is not None:
+    if prompt is not None and position is not None:  # checked before any engine is imported
         target = target_given(pin, prompt, position, path or "decode")
+    check_capturable(resolve(name), name)
     notes: list[str] = []
+    failure = None
     with open_engine(request.engine.loader(pin, opts, name), name) as cand:
         if target is None:
             say("running the gate to find the first defect (--prompt/--position skip this)")
             with display() as progress:
                 outcome = gate_run(cand, pin, doctrine_for(pin, strict=False), RunPlan(), progress=progress)
             say(f"gate: {outcome.result.verdict}: {outcome.result.summary}")
-            target = target_of_result(pin, outcome.result)
+            target, failure = failure_of(pin, outcome.result, outcome.candidate)
             if target is None:
                 say("gate diagnose: the candidate's tokens match the oracle's everywhere: nothing to diagnose")
                 return None
+            if failure is not None:
+                say(f"the gate points to prompt {target.prompt_id} position {target.position}: {failure.chosen}")
         if request.reference_model is not None:
             weights = str(request.reference_model)
         else:  # the very weights an hf or vllm candidate loaded; the pin's model for a GGUF
@@ -87,7 +90,7 @@ def diagnose_request(
         target, capture_notes = capture_target(cand, target)
         notes.extend(capture_notes)
         say(f"diagnosing prompt {target.prompt_id} position {target.position} ({target.path} path)")
-        return diagnose_engine(
+        diagnosis = diagnose_engine(
             cand,
             target,
             str(weights),
@@ -96,6 +99,7 @@ def diagnose_request(
             notes=notes,
             every_step=request.every_decode_step,
         )
+        return diagnosis if failure is None else replace(diagnosis, gate_failure=failure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +112,16 @@ class EmittedContext:
 
 
 def diagnose_activations(
-    request: DiagnoseRequest, *, claim_output: Callable[[], None] = lambda: None, say: Say = silent
+    request: DiagnoseRequest,
+    *,
+    claim_output: Callable[[tuple[Path, ...]], None] = lambda inputs: None,
+    say: Say = silent,
 ) -> EmittedContext | Diagnosis:
     """`--emit-context FILE` (the context, and the modules an engine gate does not drive is
     to dump) or `--candidate-activations FILE` (its dump, diagnosed like a built-in engine).
-    `claim_output` is called once the request is checked and before any work: the caller
-    refuses there a file it would write over."""
+    `claim_output(inputs)` is called once the request is checked and before any work, with
+    the files of the reference model's folder (inputs, never written over, --force or not):
+    the caller refuses there a file it would write over."""
     from gate.models.default import resolve_model_path
     from gate.workflows.activations import check_dump, dump_candidate, dump_target, load_dump
     from gate.workflows.activations import emit_context as context_of
@@ -136,12 +144,12 @@ def diagnose_activations(
     if emit_context is not None:
         if prompt is None or position is None:
             raise InputError("--emit-context needs --prompt and --position: the position whose context to run")
-        claim_output()
+        claim_output(folder_files(weights))
         target = target_given(pin, prompt, position, path or "decode")
         return EmittedContext(emit_context, target, context_of(pin, target, weights))
     if candidate_activations is None:
         raise InputError("--emit-context or --candidate-activations: neither was given")
-    claim_output()
+    claim_output(folder_files(weights))
     arrays, meta = load_dump(candidate_activations)
     where = str(candidate_activations)
     target = dump_target(pin, meta, where, prompt=prompt, position=position, path=path)
@@ -153,3 +161,20 @@ def diagnose_activations(
     return diagnose_candidate(
         dump_candidate(arrays, where), described, target, weights, honest_dtype=request.honest_dtype, model=pin.model
     )
+
+
+MAX_FOLDER_FILES = 100_000
+
+
+def folder_files(model: str) -> tuple[Path, ...]:
+    """The files of a model folder (none for a model id that is not a folder), bounded."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return ()
+    out: list[Path] = []
+    for path in folder.rglob("*"):
+        if path.is_file():
+            out.append(path)
+            if len(out) >= MAX_FOLDER_FILES:
+                break
+    return tuple(out)

@@ -8,7 +8,7 @@ never as bad input.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -51,17 +51,19 @@ def engine_call(engine: Engine | str, what: str, fn: Callable[[], T]) -> T:
 @contextmanager
 def open_engine(load: Callable[[], Engine], name: str) -> Iterator[Engine]:
     """The engine `load()` builds, closed when the block ends, unless a call timed out:
-    the engine is then still busy in an abandoned thread, and closing it could hang too."""
+    the engine is then still busy in an abandoned thread, and closing it could hang too.
+    When the block failed, that failure is what is reported: closing is still tried, and its
+    own failure is not allowed to replace the first."""
     engine = engine_call(name, "load", load)
-    hung = False
     try:
         yield engine
     except EngineTimeout:
-        hung = True
         raise
-    finally:
-        if not hung:
-            engine_call(name, "close", engine.close)
+    except BaseException:
+        with suppress(Exception):
+            engine_call(name, "close", lambda: engine.close())
+        raise
+    engine_call(name, "close", lambda: engine.close())
 
 
 def batch_size_for(engine: Engine, prompts: int) -> int:

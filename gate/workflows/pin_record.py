@@ -7,6 +7,8 @@ person should read goes to `say`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -21,7 +23,7 @@ from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import Trace
 from gate.core.traces.validate import check_top_logprobs
 from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
-from gate.errors import EngineError, GateError, InputError, TraceError
+from gate.errors import EngineError, GateError, InputError, TraceError, UnsupportedArchitecture
 from gate.text import plural
 from gate.workflows.engine_calls import engine_call, engine_name, generate, open_engine, plain_top
 from gate.workflows.floor import HonestRerun, engine_rerun, floor_from, oracle_rerun, with_floor
@@ -43,6 +45,10 @@ class PinRecordRequest:
     pins_dir: Path | None = None
     force: bool = False
     measure_floor: bool = True
+    # `--oracle`: which implementation records the pin ("vllm", or "transformers": the
+    # reference implementation, gate's hf engine), and `--dtype` it runs in; None keeps oracle.json's.
+    oracle: str | None = None
+    dtype: str | None = None
 
     def folder(self) -> PinFolder:
         """The pin folder the record writes (it need not exist yet)."""
@@ -59,6 +65,7 @@ def record_pin(request: PinRecordRequest, *, say: Say = silent) -> Path:
     settings = read_settings(folder.settings_path).with_overrides(
         max_tokens=request.max_tokens, top_k=request.top_k, engine_opts=parse_engine_opts(request.engine_opts)
     )
+    settings = with_oracle(settings, request.oracle, request.dtype)
     if settings.model is not None and settings.model != model:
         raise InputError(f"{folder.settings_path}: field 'model': {settings.model!r}, but --model is {model!r}")
     if settings.model is None:
@@ -75,7 +82,7 @@ def record_pin(request: PinRecordRequest, *, say: Say = silent) -> Path:
         f"top-{settings.top_k} logprobs"
     )
     load = lambda: load_engine(settings.engine, source_model, settings.engine_kwargs())  # noqa: E731
-    with open_engine(load, settings.engine) as engine:
+    with refuse_unsupported(model), open_engine(load, settings.engine) as engine:
         trace = record_oracle(
             engine,
             model=model,
@@ -113,6 +120,48 @@ def record_pin(request: PinRecordRequest, *, say: Say = silent) -> Path:
         f"{plural(len(ties), 'position')} where the oracle's top two logprobs are exactly equal"
     )
     return folder.pin_path
+
+
+# `--oracle` names -> the engine that records the pin.
+ORACLES = {"vllm": "vllm", "transformers": "hf"}
+ORACLE_DTYPES = ("bfloat16", "float32")
+
+
+def with_oracle(settings: OracleSettings, oracle: str | None, dtype: str | None) -> OracleSettings:
+    """oracle.json's settings with `--oracle` and `--dtype` applied. The reference implementation
+    runs one model on one device: vLLM's parallelism and context settings do not apply to it.
+    Its dtype is chosen explicitly: by `--dtype`, or by an oracle.json that already names it."""
+    if oracle is None and dtype is None:
+        return settings
+    if oracle is not None and oracle not in ORACLES:
+        raise InputError(f"--oracle {oracle}: expected one of {', '.join(ORACLES)}")
+    if dtype is not None and dtype not in ORACLE_DTYPES:
+        raise InputError(f"--dtype {dtype}: expected one of {', '.join(ORACLE_DTYPES)}")
+    engine = ORACLES[oracle] if oracle is not None else settings.engine
+    if engine == "hf" and settings.engine != "hf" and dtype is None:
+        raise InputError(
+            "--oracle transformers: choose its dtype explicitly with --dtype bfloat16 or --dtype float32 "
+            "(the pin's numbers depend on it)"
+        )
+    out = replace(settings, engine=engine, dtype=dtype or settings.dtype)
+    if engine == "hf":
+        out = replace(out, tensor_parallel_size=1, pipeline_parallel_size=1, max_model_len=None)
+    return out
+
+
+@contextmanager
+def refuse_unsupported(model: str) -> Iterator[None]:
+    """An oracle engine that cannot run the model's architecture here is refused in one line
+    that also says how to record the pin instead."""
+    try:
+        yield
+    except UnsupportedArchitecture as exc:
+        if exc.engine != "vllm":
+            raise
+        raise EngineError(
+            f"{exc}; record the pin with the reference implementation instead: "
+            f"gate pin record --model {model} --oracle transformers --dtype bfloat16 (or float32)"
+        ) from None
 
 
 def _with_measured_floor(
@@ -194,6 +243,9 @@ def record_oracle(
         replace(rec, prompt=p.prompt, top_logprobs=plain_top(rec.top_logprobs or ())) if rec.prompt is None else rec
         for p, rec in zip(prompts, records, strict=True)
     ]
+    # An oracle records the experts it routed to; the router's own top-k is a candidate's
+    # evidence (the trace format refuses it in a pin), which the HF engine gives for an MoE model.
+    records = [replace(rec, router_top=None) for rec in records]
     header = oracle_header(
         model=model,
         info=info,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.core.pins.diff import exact_top2_ties
-from gate.core.pins.pin import load_pin
+from gate.core.pins.pin import load_pin, oracle_label
 from gate.core.traces.machine import machine_key, machine_of
 from gate.workflows.requests import default_model
 
@@ -21,6 +21,8 @@ def pin_summary(model: str | None, pins_dir: Path | None) -> dict[str, Any]:
         "prompts": len(pin.trace.records),
         "positions": sum(len(r.token_ids) for r in pin.trace.records),
         "top_k": header.top_k,
+        # Which oracle recorded the pin, as reports name it (`hf` is transformers).
+        "recorded_by": oracle_label(str(header.engine.get("name", ""))),
         "engine": dict(header.engine),
         **{k: v for k, v in header.extra.items() if k != "prompt_sha256"},
         "machine_key": machine_key(machine_of(header.engine, header.extra)),

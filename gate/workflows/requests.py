@@ -9,6 +9,7 @@ No printing here; nothing heavy is imported until an engine is built.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -71,8 +72,13 @@ class EngineRequest:
         return parse_engine_opts(self.engine_opts)
 
     def weights(self, pin: Pin) -> str:
-        """What the engine loads: `--model-path` if given, else the pin's model."""
-        return str(self.model_path) if self.model_path is not None else pin.model
+        """What the engine loads: `--model-path` if given (it must exist: said here, not as
+        whatever the engine's library makes of a missing path), else the pin's model."""
+        if self.model_path is None:
+            return pin.model
+        if not os.path.exists(self.model_path):
+            raise InputError(f"--model-path {self.model_path}: no such file or folder")
+        return str(self.model_path)
 
     def loader(self, pin: Pin, opts: dict[str, str], name: str | None = None) -> Callable[[], Engine]:
         """What builds the candidate engine for `pin` (it loads when called)."""

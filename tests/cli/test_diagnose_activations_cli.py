@@ -177,3 +177,20 @@ def test_bad_dumps_are_exit_2_with_one_line_naming_the_tensor_or_field(
     ):
         r = invoke(["diagnose", *base, "--candidate-activations", str(ok), *extra])
         assert r.exit_code == 2 and message in r.stderr, r.stderr
+
+
+def test_emit_context_never_writes_over_a_file_of_the_reference_model(
+    tiny: tuple[list[str], Path, Path], tmp_path: Path
+) -> None:
+    """--force replaces an earlier output, never an input: the reference model's own files
+    (its config, its weights, through a link too) are inputs of the diagnosis."""
+    base, weights, _ = tiny
+    link = tmp_path / "link.json"
+    link.symlink_to(weights / "config.json")
+    for target in (weights / "config.json", weights / "model.safetensors", link):
+        before = (weights / target.name).read_bytes() if target != link else (weights / "config.json").read_bytes()
+        args = ["diagnose", *base, "--prompt", PROMPT, "--position", str(POSITION), "--emit-context", str(target)]
+        r = invoke([*args, "--force"])
+        assert r.exit_code == 2, r.stderr
+        assert "an input is never its own output" in r.stderr and "Traceback" not in r.stderr
+        assert (weights / ("config.json" if target == link else target.name)).read_bytes() == before

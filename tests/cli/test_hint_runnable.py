@@ -29,7 +29,7 @@ def test_the_diagnose_hint_is_kept_for_an_engine_diagnose_captures() -> None:
     from types import SimpleNamespace
 
     div = SimpleNamespace(cls="defect", prompt_id="p0", position=3, source="free", forced_mode=None)
-    result = SimpleNamespace(verdict=FAIL, divergences=[div], prompts=[SimpleNamespace(id="p0")])
+    result = SimpleNamespace(verdict=FAIL, divergences=[div], prompts=[SimpleNamespace(id="p0")], distribution=None)
     hint = diagnose_hint(result, model="m", engine="hf", engine_opts=None)  # type: ignore[arg-type]
     assert hint is not None and "gate diagnose --model m --engine hf" in hint
     assert diagnose_hint(result, model="m", engine="openai", engine_opts=None) is None  # type: ignore[arg-type]
@@ -56,3 +56,19 @@ def test_hints_quote_their_arguments_so_the_command_runs_as_printed(tmp_path: Pa
         find_golden("org/model", "hf", tmp_path / "my goldens", pins_dir=spaced)
     words = shlex.split(info.value.hint or "")
     assert str(tmp_path / "my goldens") in words and str(spaced) in words, info.value.hint
+
+
+def test_a_failure_by_the_distribution_alone_gets_the_diffuse_hint_and_no_position() -> None:
+    from types import SimpleNamespace
+
+    tie = SimpleNamespace(cls="exact_tie", prompt_id="p0", position=3, source="free_run", forced_mode=None)
+    beyond = SimpleNamespace(beyond=True, disagrees=False)
+    result = SimpleNamespace(verdict=FAIL, divergences=[tie], prompts=[SimpleNamespace(id="p0")], distribution=beyond)
+    hint = diagnose_hint(result, model="m", engine="hf", engine_opts=None)  # type: ignore[arg-type]
+    assert hint is not None and hint.startswith("the gate failed by its distribution with no defect: the failure is")
+    assert "gate diagnose --model m --engine hf reruns the gate" in hint and "--prompt" not in hint
+    # A failure the distribution could not judge is not called diffuse: the first divergence is named.
+    unjudged = SimpleNamespace(beyond=False, disagrees=False)
+    hint = diagnose_hint(SimpleNamespace(**{**vars(result), "distribution": unjudged}), model="m", engine="hf",
+                         engine_opts=None)  # type: ignore[arg-type]  # fmt: skip
+    assert hint is not None and hint.startswith("the first divergence (exact tie) is prompt p0, position 3")

@@ -432,7 +432,7 @@ def _one_line(err: str, *, hint: bool = False) -> str:
     ("argv", "needles"),
     [
         (["compare", "--no-such-option", "a", "b"], ("gate compare", "--no-such-option")),
-        (["compare", "a"], ("gate compare", "candidate")),
+        (["compare", "a"], ("gate compare", "CANDIDATE")),
         (["compare", "a", "b", "--near-tie-mnats", "abc"], ("gate compare", "--near-tie-mnats")),
         (["no-such-command"], ("gate", "no-such-command")),
     ],

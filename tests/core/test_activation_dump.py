@@ -184,3 +184,61 @@ def test_module_shapes_name_every_point_at_every_position(reference: dict[str, n
     assert [(s.name, s.positions, s.width) for s in shapes] == [(p.module, N, W) for p in POINTS]
     assert shapes[0].to_dict() == {"name": "model.embed_tokens", "layer": -1, "part": "embedding", "shape": [N, W]}
     assert F32 == "F32"
+
+
+F32_8 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "message"),
+    [
+        # 2^62 x 4 floats: a byte count that wraps to 0 in 64 bits must not match offsets [0, 0].
+        (b'{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}', b"", "do not hold F32"),
+        (b'{"a":{"dtype":"BF16","shape":[9223372036854775807,9223372036854775807],"data_offsets":[0,0]}}', b"", "hold"),
+        (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", b"", "nests deeper"),
+        # (the library keeps the last of the two, then finds the first's bytes a gap)
+        (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}',
+         b"\0" * 16, "names 'a' twice"),
+        (b'{"__metadata__":{"x":"1"},"__metadata__":{"x":"2"}}', b"", "names '__metadata__' twice"),
+        (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+         b"\0" * 8, "overlap"),
+        (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}',
+         b"\0" * 8, "overlap"),
+        (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', b"\0" * 8, "gap"),
+        (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\0" * 8, "4 bytes after the last tensor"),
+    ],
+)  # fmt: skip
+def test_a_header_the_safetensors_library_refuses_is_refused_naming_why(head: bytes, body: bytes, message: str) -> None:
+    """What the safetensors library refuses (its validation: byte counts without overflow,
+    tensors laid end to end over the whole body, one entry per name) is an input error here,
+    never an exit 4 (RecursionError, ValueError from a reshape) nor silently accepted."""
+    data = len(head).to_bytes(8, "little") + head + body
+    with pytest.raises(InputError, match=message):
+        read_safetensors(data, "d")
+    library = pytest.importorskip("safetensors.numpy")
+    if b"[[[" not in head:  # (the library's own JSON reader refuses the deep one too; it is slow to build here)
+        with pytest.raises(Exception):  # noqa: B017 (the library's own error types)
+            library.load(data)
+
+
+def test_a_dump_file_is_checked_from_its_header_before_its_body_is_read(tmp_path: object) -> None:
+    """A 1 GiB file (sparse: it costs no disk) whose header is wrong is refused from its first
+    bytes; the body is never read into memory."""
+    import tracemalloc
+    from pathlib import Path
+
+    from gate.workflows.activations import load_dump
+
+    path = Path(str(tmp_path)) / "big.safetensors"
+    head = json.dumps({"a": F32_8}).encode()  # the header says 8 bytes of body; the file holds 1 GiB
+    with path.open("wb") as fh:
+        fh.write(len(head).to_bytes(8, "little") + head)
+        fh.truncate(1 << 30)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match="bytes after the last tensor"):
+            load_dump(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak

@@ -216,6 +216,33 @@ def test_a_truncated_program_is_exit_3_in_one_line(tiny: Any, tmp_path: Path) ->
     _one_line(r, 3, f"ExecuTorch cannot load {cut}")
 
 
+LOAD = (
+    "import sys\nfrom executorch.runtime import Runtime, Verification\n"
+    "Runtime.get().load_program(sys.argv[1], verification=Verification.Minimal).load_method('forward')\n"
+)
+
+
+def test_a_program_that_crashes_the_runtime_is_exit_3_in_one_line_and_gate_lives(tmp_path: Path) -> None:
+    """A `.pte` with ExecuTorch's file identifier and a body of noise: the runtime, which does
+    not check a program past its header, dies on some of them (SIGSEGV) in the process that
+    loads it. gate loads a program it did not build in a child process first."""
+    import random
+    import subprocess
+    import sys
+
+    crashing = None
+    for seed in range(12):
+        bad = tmp_path / f"noise{seed}.pte"
+        bad.write_bytes((16).to_bytes(4, "little") + b"ET12" + random.Random(seed).randbytes(2000))
+        done = subprocess.run([sys.executable, "-c", LOAD, str(bad)], capture_output=True, timeout=120, check=False)
+        if done.returncode < 0:
+            crashing = bad
+            break
+    assert crashing is not None, "no noise program crashes this ExecuTorch: the test needs one that does"
+    r = invoke(["run", "--engine", "executorch", "--engine-opt", f"pte={crashing}"])
+    _one_line(r, 3, f"ExecuTorch cannot load {crashing}: the runtime was killed by SIG")
+
+
 @pytest.mark.parametrize(
     ("opt", "message"),
     [

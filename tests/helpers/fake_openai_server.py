@@ -374,7 +374,8 @@ def write_fake_pin(
         ids = fake.greedy(prompt, max_tokens)
         tops = [[[t, lp] for t, lp in fake.top([*prompt, *ids[:i]])[:top_k]] for i in range(len(ids))]
         records.append(PromptRecord(sp.id, prompt, tuple(ids), tops, "length", prompt=sp.text))
-    settings = OracleSettings(model=model, engine="vllm", max_tokens=max_tokens, top_k=top_k)
+    # oracle.json names the engine that recorded the pin (gate refuses a pin claimed for another).
+    settings = OracleSettings(model=model, engine="fake-oracle", max_tokens=max_tokens, top_k=top_k)
     header = oracle_header(
         model=model,
         info={"name": "fake-oracle", "version": "0"},

@@ -152,6 +152,25 @@ def test_resolve_model_path(built: tuple[Path, list[str]], monkeypatch: pytest.M
     assert hashing.local_model_dir(str(tmp_path / "absent")) is None
 
 
+def test_a_plugin_finds_the_default_models_folder_through_the_contract(
+    built: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`gate.engine.model_folder`: the folder a plugin loads the pinned model from, whatever
+    the model id it was built with: the default model's (built when absent, as the fixture
+    did from an empty cache), a folder as given; nothing is downloaded for another id."""
+    from gate.engine import InputError, model_folder
+
+    models, _ = built
+    monkeypatch.setenv("GATE_CACHE_DIR", str(models.parent))
+    folder = model_folder(DEFAULT_MODEL)
+    assert folder == models / DEFAULT_FOLDER and (folder / "config.json").is_file()
+    assert model_folder(str(tmp_path)) == tmp_path
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(InputError, match=r"'org/absent' has no local folder.*--model-path"):
+        model_folder("org/absent")
+
+
 def test_the_hf_engine_breaks_its_own_exact_ties_by_the_rule_asked(
     built: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

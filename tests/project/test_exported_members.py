@@ -14,7 +14,7 @@ import gate.engine
 PYTHON_API = {
     "DISTRIBUTION", "__version__", "install_line",
     "compare", "read_trace", "write_trace", "Trace", "TraceHeader", "PromptRecord",
-    "load_pin", "run", "Pin", "Doctrine", "Evidence", "Floor",
+    "load_pin", "load_engine", "run", "Pin", "Doctrine", "Evidence", "Floor",
     "GateResult", "PromptResult", "Divergence", "Engine", "PromptInput", "render",
     "GateError", "InputError", "TraceError", "PinError", "EngineError", "Interrupted",
 }  # fmt: skip
@@ -23,6 +23,7 @@ PLUGIN_CONTRACT = {
     "InputError", "parse_options", "SCHEDULE_KNOBS",
     "ForcesDecode", "HasScheduleKnobs", "BatchesPrompts", "KeepsRequestsInFlight", "ReplaysRouting",
     "CapturesActivations", "ReportsPrefixReuse",
+    "CapturesPaths", "Capture", "PREFILL", "DECODE", "model_folder",
 }  # fmt: skip
 
 
@@ -41,6 +42,7 @@ def test_every_python_api_name_resolves() -> None:
         assert issubclass(getattr(gate, error), gate.GateError)
     assert list(inspect.signature(gate.compare).parameters) == ["oracle", "candidate", "doctrine"]
     assert list(inspect.signature(gate.load_pin).parameters) == ["model", "pins_dir"]
+    assert list(inspect.signature(gate.load_engine).parameters) == ["name", "model", "options"]
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
@@ -72,3 +74,23 @@ def test_the_front_doors_load_no_engine_and_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_user_guides_import_only_the_front_doors() -> None:
+    """A guide a user copies from imports `gate` and `gate.engine` only: an internal module
+    it names (`gate.engines.registry`) may move without notice."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pages = [
+        "README.md",
+        *(f"docs/guides/{n}" for n in ("from-check-logprobs-close.md", "plugins.md", "python-api.md")),
+    ]
+    internal = []
+    for page in pages:
+        for block in re.findall(r"```python\n(.*?)```", (root / page).read_text(), re.S):
+            for module in re.findall(r"^\s*(?:from|import)\s+(gate[\w.]*)", block, re.M):
+                if module not in ("gate", "gate.engine"):
+                    internal.append((page, module))
+    assert internal == []

@@ -78,6 +78,21 @@ def test_the_wheel_holds_the_pins_suites_and_goldens(wheel: Path) -> None:
     assert not (wheel / "oracle_pins").exists() and not (wheel / "tests").exists()
 
 
+def test_the_wheel_holds_the_qwen36_test_checkpoint_and_its_pin(wheel: Path, tmp_path: Path) -> None:
+    """`gate-llm/Qwen3.6-tiny` resolves from an installed wheel: its files (checked against its
+    manifest by `pin show`'s neighbours, `gate run`) and its pin folder are package data."""
+    checkpoint = ROOT / "gate" / "_data" / "models" / "Qwen3.6-tiny"
+    shipped = wheel / "gate" / "_data" / "models" / "Qwen3.6-tiny"
+    names = sorted(p.name for p in checkpoint.iterdir())
+    assert "model.safetensors" in names and "gate-manifest.json" in names
+    for name in names:
+        assert (shipped / name).read_bytes() == (checkpoint / name).read_bytes(), name
+    r = gate_from(wheel, tmp_path, "pin", "show", "--model", "gate-llm/Qwen3.6-tiny")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert shown["engine"]["name"] == "hf" and shown["recorded_by"] == "transformers"
+
+
 def test_pin_show_runs_from_an_empty_folder(wheel: Path, tmp_path: Path) -> None:
     r = gate_from(wheel, tmp_path, "pin", "show", "--model", MODEL)
     assert r.returncode == 0, r.stderr

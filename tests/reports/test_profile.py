@@ -67,8 +67,11 @@ def test_the_near_tie_band_names_the_doctrine_that_made_it(tmp_path: Path) -> No
     from gate.core.verdict.doctrine import Evidence
 
     result = mixed_result(tmp_path)
-    plain = next(line for line in profile_lines(result) if line.startswith("By how much"))
+    plain = next(line for line in profile_lines(result) if line.startswith("A near tie is"))
     assert "evidence rule" not in plain
     ruled = replace(result, doctrine=replace(result.doctrine, evidence=Evidence(4, 2, 2)))
-    line = next(line for line in profile_lines(ruled) if line.startswith("By how much"))
-    assert "evidence rule: oracle gap <= 4, own margin <= 2, drift <= 2 units" in line
+    line = next(line for line in profile_lines(ruled) if line.startswith("A near tie is"))
+    assert (
+        "or one the evidence rule ratifies: an oracle gap of at most 4 steps of the bfloat16 grid, with the "
+        "candidate's own margin at most 2 and its drift at most 2." in line
+    )

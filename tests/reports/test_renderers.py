@@ -16,7 +16,7 @@ from rich.console import Console
 
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.result import DEFECT, EXACT_TIE, Divergence, GateResult, PromptResult
-from gate.reports import render
+from gate.reports import render, trim_line_ends
 from gate.reports.html import render_html
 from gate.reports.html_plots import bars_from_values
 from gate.reports.junit import render_junit
@@ -79,7 +79,7 @@ def test_text_report_lays_out_every_divergence_kind(mixed: GateResult) -> None:
     ):
         assert needle in flat, needle
     assert text.splitlines()[-2] == mixed.summary
-    assert text.splitlines()[-1] == "verdict: fail (exit 1)"
+    assert text.splitlines()[-1] == "verdict: fail (exit 1: 4 defects)"
 
 
 def test_text_report_stays_short_with_hundreds_of_divergences(mixed: GateResult) -> None:
@@ -112,7 +112,7 @@ def test_print_report_colours_classes(mixed: GateResult) -> None:
 def test_render_dispatch_matches_the_renderers(mixed: GateResult) -> None:
     assert render(mixed, "markdown") == render_markdown(mixed)
     assert render(mixed, "junit") == render_junit(mixed)
-    assert render(mixed, "rich") == render_text(mixed)
+    assert render(mixed, "rich") == trim_line_ends(render_text(mixed))
     assert render(mixed, "html") == render_html(mixed)
 
 

@@ -87,6 +87,38 @@ class Capture:
     def layer_count(self) -> int:
         return max((t.point.layer for t in self.tensors if t.point.part == RESIDUAL), default=-1) + 1
 
+    @classmethod
+    def of_modules(
+        cls,
+        path: str,
+        context_length: int,
+        modules: Mapping[str, np.ndarray],
+        positions: Mapping[str, Sequence[int]] | None = None,
+    ) -> Capture:
+        """A capture from arrays named as transformers names the modules (`model.layers.9.mlp`,
+        `model.layers.9` for the residual stream after layer 9, `model.norm`, `lm_head`):
+        `modules[name]` holds the module's output at `positions[name]` (every position of the
+        context, 0..context_length-1, when not given), one row each, as float32; the modules in forward
+        order (gate compares them in the reference's order whatever this one is). A name that
+        is none of gate's capture points, or rows that do not match their positions, is a
+        ValueError naming it. This is what a plugin's `capture_path` returns."""
+        if path not in PATHS:
+            raise ValueError(f"path {path!r}: expected prefill or decode")
+        layers = [int(m.group(1)) for name in modules if (m := _IN_LAYER.search(name)) is not None]
+        layer_count = max(layers, default=-1) + 1
+        tensors: list[Tensor] = []
+        for name, values in modules.items():
+            point = point_of_module(name, layer_count)
+            if point is None:
+                raise ValueError(f"{name!r} is not a module gate captures (names like model.layers.0.mlp)")
+            rows = np.asarray(values, dtype=np.float32)
+            rows = rows[0] if rows.ndim == 3 and rows.shape[0] == 1 else rows
+            at = tuple(int(p) for p in positions[name]) if positions and name in positions else tuple(range(len(rows)))
+            if any(not 0 <= p < context_length for p in at):
+                raise ValueError(f"{name!r}: positions outside the context's 0..{context_length - 1}")
+            tensors.append(Tensor(point, at, rows))
+        return cls(path, context_length, tuple(tensors))
+
 
 def stack_rows(
     chunks: Iterable[tuple[int, np.ndarray]], width: int | None = None

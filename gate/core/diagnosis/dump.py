@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,16 +98,66 @@ def module_shapes(reference: Capture) -> tuple[ModuleShape, ...]:
 # --------------------------------------------------------------------------- safetensors
 
 
-def read_safetensors(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(float32 arrays by name, string metadata) of a safetensors file's bytes. Only F32 and
-    BF16 tensors; anything else is an InputError naming the tensor or the field."""
-    if len(data) < 8:
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tensor of a safetensors header, checked: its dtype, shape and byte range in the body."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A safetensors file's header, checked against the file's size before its body is read:
+    `length` bytes of JSON after the 8-byte length, then a body of `body` bytes that the
+    entries tile end to end."""
+
+    length: int
+    entries: tuple[Entry, ...]
+    meta: dict[str, str]
+    body: int
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
+
+
+class _Twice(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def header_length(prefix: bytes, size: int, where: str) -> int:
+    """The header's length from a file's first 8 bytes (`size`: the whole file's), bounded."""
+    if len(prefix) < 8 or size < 8:
         raise InputError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
-    size = int.from_bytes(data[:8], "little")
-    if size > min(MAX_HEADER, len(data) - 8):
-        raise InputError(f"{where}: not a safetensors file (a header of {size} bytes in a file of {len(data)})")
+    length = int.from_bytes(prefix[:8], "little")
+    if length > min(MAX_HEADER, size - 8):
+        raise InputError(f"{where}: not a safetensors file (a header of {length} bytes in a file of {size})")
+    return length
+
+
+def parse_header(raw: bytes, size: int, where: str) -> Header:
+    """The header of a safetensors file of `size` bytes, from its first 8 + length bytes `raw`,
+    refused as the safetensors library refuses it: not a JSON object, a name given twice,
+    a shape whose byte count is not its range's (in exact integers: a product that would wrap
+    in 64 bits is not zero), tensors that overlap or leave a gap, or body bytes after the last."""
+    length = header_length(raw, size, where)
     try:
-        header = json.loads(data[8 : 8 + size].decode("utf-8"))
+        header = json.loads(raw[8 : 8 + length].decode("utf-8"), object_pairs_hook=_unique)
+    except _Twice as twice:
+        raise InputError(f"{where}: not a safetensors file (its header names {twice.name!r} twice)") from None
+    except RecursionError:
+        raise InputError(f"{where}: not a safetensors file (its header nests deeper than any header does)") from None
     except (UnicodeDecodeError, ValueError):
         raise InputError(f"{where}: not a safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
@@ -114,33 +165,57 @@ def read_safetensors(data: bytes, where: str) -> tuple[dict[str, np.ndarray], di
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise InputError(f"{where}: __metadata__ must map names to strings")
-    body = memoryview(data)[8 + size :]
-    arrays: dict[str, np.ndarray] = {}
-    for name, entry in header.items():
-        arrays[str(name)] = _tensor(body, str(name), entry, where)
-    return arrays, {str(k): v for k, v in meta.items()}
+    body = size - 8 - length
+    entries = sorted((_entry(str(name), e, body, where) for name, e in header.items()), key=lambda e: (e.begin, e.end))
+    at = 0
+    for e in entries:
+        if e.begin != at:
+            how = "overlap the previous tensor's" if e.begin < at else f"leave a gap after byte {at}"
+            raise InputError(
+                f"{where}: tensor {e.name!r}: data_offsets [{e.begin}, {e.end}] {how} (safetensors lays "
+                "tensors end to end)"
+            )
+        at = e.end
+    if at != body:
+        raise InputError(f"{where}: {body - at} bytes after the last tensor (its data ends at byte {at} of the body)")
+    return Header(length, tuple(entries), {str(k): v for k, v in meta.items()}, body)
 
 
-def _tensor(body: memoryview, name: str, entry: Any, where: str) -> np.ndarray:
+def read_safetensors(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(float32 arrays by name, string metadata) of a safetensors file's bytes. Only F32 and
+    BF16 tensors; anything else is an InputError naming the tensor or the field."""
+    header = parse_header(data[: 8 + MAX_HEADER], len(data), where)
+    return tensors_of(header, memoryview(data)[8 + header.length :]), header.meta
+
+
+def tensors_of(header: Header, body: Any) -> dict[str, np.ndarray]:
+    """The float32 arrays of a checked header's entries, read from its body (bytes-like)."""
+    return {e.name: _values(body[e.begin : e.end], e) for e in header.entries}
+
+
+def _entry(name: str, entry: Any, body: int, where: str) -> Entry:
     if not isinstance(entry, dict):
         raise InputError(f"{where}: tensor {name!r}: its header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in ITEMSIZE:
         raise InputError(f"{where}: tensor {name!r} is {dtype}: expected F32 or BF16")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise InputError(f"{where}: tensor {name!r}: shape {shape!r} is not a list of sizes")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
         raise InputError(f"{where}: tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
     begin, end = offsets
-    count = int(np.prod(shape, dtype=np.int64))
-    if not 0 <= begin <= end <= len(body) or end - begin != count * ITEMSIZE[dtype]:
+    count = math.prod(shape)  # Python's integers: no product wraps
+    if not 0 <= begin <= end <= body or end - begin != count * ITEMSIZE[dtype]:
         raise InputError(f"{where}: tensor {name!r}: data_offsets {offsets} do not hold {dtype} {shape}")
-    raw = body[begin:end]
-    if dtype == F32:
+    return Entry(name, dtype, tuple(shape), begin, end)
+
+
+def _values(raw: Any, e: Entry) -> np.ndarray:
+    if e.dtype == F32:
         values = np.frombuffer(raw, dtype="<f4").astype(np.float32)
     else:  # bfloat16 is the upper half of a float32: widen the bits, exactly
         values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    return values.reshape(shape)
+    return values.reshape(e.shape)
 
 
 def write_safetensors(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str], *, dtype: str = F32) -> bytes:

@@ -13,6 +13,8 @@ SCHEMA = 1
 # Exit codes of `gate diagnose` beyond the spec's 2 (input) and 3 (engine).
 EXIT_NOTHING_LOCATED = 0
 EXIT_LOCATED = 1
+# How many of the largest excursions a diagnosis ranks, located or not.
+RANKED = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,31 @@ class PathFinding:
 
 
 @dataclass(frozen=True, slots=True)
+class GateFailure:
+    """Why the gate run that chose the diagnosed position failed (`reasons`, each a figure
+    of its verdict: "4 defects", "the distribution is beyond the honest floor: mean KL ..."),
+    how the position was chosen from it (`chosen`), and the path its failure came through."""
+
+    reasons: tuple[str, ...]
+    chosen: str
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reasons": list(self.reasons), "chosen": self.chosen, "path": self.path}
+
+
+@dataclass(frozen=True, slots=True)
+class Excursion:
+    """One point's error against its band on one path: a row of the ranking."""
+
+    path: str
+    point: LayerError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, **self.point.to_dict()}
+
+
+@dataclass(frozen=True, slots=True)
 class Diagnosis:
     prompt_id: str
     position: int
@@ -83,14 +110,53 @@ class Diagnosis:
     engines: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     notes: tuple[str, ...] = ()
+    # The failed gate run that chose the position (None: the position was named, or the run passed).
+    gate_failure: GateFailure | None = None
 
     @property
     def exit_code(self) -> int:
         return EXIT_LOCATED if self.finding.located else EXIT_NOTHING_LOCATED
 
     @property
+    def located(self) -> bool:
+        return self.finding.located or (self.other is not None and self.other.located)
+
+    def excursions(self, n: int = RANKED) -> tuple[Excursion, ...]:
+        """The `n` largest errors against their bands over both paths, largest first (forward
+        order among equals), whether or not any is past the margin."""
+        rows = [Excursion(f.path, e) for f in (self.finding, self.other) if f is not None for e in f.layers]
+        ranked = sorted(enumerate(rows), key=lambda ie: (-ie[1].point.ratio, ie[0]))
+        return tuple(e for _, e in ranked[:n])
+
+    @property
     def summary(self) -> str:
+        if self.gate_failure is not None and not self.located:
+            return self.diffuse_line(self.gate_failure)
         return f"{finding_line(self.finding, self.margin, self.layer_count)}{self.path_note()}"
+
+    def diffuse_line(self, failure: GateFailure) -> str:
+        """A failed gate that no point locates: what failed, that nothing passes the margin,
+        which path the failure came through and whether that path was seen, and the ranked
+        excursions that point where to look."""
+        paths = " or ".join(dict.fromkeys(f.path for f in (self.finding, self.other) if f is not None))
+        out = (
+            f"the gate failed ({'; '.join(failure.reasons)}) and no point leaves the honest band by more than "
+            f"{self.margin:g}× on the {paths} path"
+        )
+        if failure.path not in (self.path, None if self.other is None else self.other.path):
+            out += (
+                f"; its failure came through the {failure.path} path, which this capture does not reach "
+                f"(it sees the {self.path} path only): a capture through both paths (capture_path) can locate it"
+            )
+        else:
+            out += f": a diffuse failure, through the {failure.path} path ({failure.chosen})"
+        ranked = self.excursions(3)
+        if ranked:
+            words = ", ".join(
+                f"{times(e.point.ratio)} at {where_text(e.point, self.layer_count)} ({e.path})" for e in ranked
+            )
+            out += f"; largest excursions: {words}"
+        return out
 
     def path_note(self) -> str:
         """Which path shows the deviation, from both findings."""
@@ -132,6 +198,9 @@ class Diagnosis:
             "model": self.model,
             "engines": self.engines,
             "notes": list(self.notes),
+            # Additions: the ranked excursions of both paths, and the failed gate run, if any.
+            "excursions": [e.to_dict() for e in self.excursions()],
+            "gate_failure": None if self.gate_failure is None else self.gate_failure.to_dict(),
         }
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gate.core.pins.oracle_settings import OracleSettings, read_settings
 from gate.core.pins.suite import Suite, read_suite
 from gate.core.storage.atomic import atomic_write
@@ -31,6 +33,7 @@ from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import Trace, TraceHeader, encode_trace
 from gate.core.verdict.doctrine import Doctrine, Overrides, header_doctrine, resolve_doctrine
 from gate.errors import InputError, PinError
+from gate.text import did_you_mean
 from gate.version import __version__, install_line
 
 PINS_DIRNAME = "oracle_pins"
@@ -126,6 +129,9 @@ def find_folder(model: str, pins_dir: Path | None = None) -> PinFolder:
         return folder
     looked = ", ".join(str(r) for r in roots)
     known = sorted({m for r in roots for m in known_models(r)})
+    close = did_you_mean(model, known)
+    if close:  # a typo of a pinned model, not a model without a pin: nothing to record
+        raise PinError(f"no pin folder for {model} (looked under {', '.join(str(r) for r in roots)}).{close}")
     listing = f" Pinned models: {', '.join(known)}." if known else ""
     cmd = pin_folder(model, roots[0], pins_dir).record_command()
     raise PinError(
@@ -258,7 +264,40 @@ def load_pin(model: str, pins_dir: Path | None = None) -> Pin:
     suite = load_suite(folder, settings)
     trace = read_trace(folder.pin_path, role="oracle")
     check_pin(folder, suite, trace)
+    if _names_engine(folder.settings_path):
+        check_oracle(folder, settings.engine, trace)
     return Pin(folder=folder, settings=settings, suite=suite, trace=trace)
+
+
+# How reports name the engine that recorded a pin: gate's hf engine is the reference
+# implementation, transformers.
+ORACLE_LABELS = {"hf": "transformers"}
+
+
+def oracle_label(engine: str) -> str:
+    """The oracle's name as reports say it (`hf` is "transformers"), else the engine's own name."""
+    return ORACLE_LABELS.get(engine, engine)
+
+
+def _names_engine(settings_path: Path) -> bool:
+    """Whether oracle.json names its oracle (`engine`); one that does not claims none."""
+    try:
+        raw = orjson.loads(settings_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(raw, dict) and "engine" in raw
+
+
+def check_oracle(folder: PinFolder, claimed: str, trace: Trace) -> None:
+    """The oracle oracle.json names must be the engine that recorded the pin: a pin recorded
+    by transformers is never judged as a vLLM pin, nor the reverse (PinError, exit 2)."""
+    recorded = trace.header.engine.get("name")
+    if isinstance(recorded, str) and recorded != claimed:
+        raise PinError(
+            f"{folder.pin_path}: the pin was recorded by the {oracle_label(recorded)} oracle (engine {recorded!r}), "
+            f"but {folder.settings_path} field 'engine' claims {oracle_label(claimed)} ({claimed!r}); re-record the "
+            f"pin ({folder.record_command()} --force) or correct oracle.json"
+        )
 
 
 def no_pin_message(folder: PinFolder, settings: OracleSettings) -> str:

@@ -42,6 +42,12 @@ def keys_and_depth(value: Any) -> tuple[int, int]:
     return keys, deepest
 
 
+def parse_cost(raw: bytes) -> int:
+    """About what parsing `raw` takes in memory, in bytes, before parsing it: a list costs
+    about 64 bytes, an object about 232, each further element (a comma) up to 32."""
+    return 64 * raw.count(b"[") + 232 * raw.count(b"{") + 32 * raw.count(b",")
+
+
 def shown(value: Any) -> str:
     """`repr(value)` for a message: nesting past 3 levels and long strings cut (`...`)."""
     return _SHOWN.repr(value)

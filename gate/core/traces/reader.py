@@ -8,12 +8,13 @@ import io
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
-from gate.core.storage.json_shape import MAX_JSON_DEPTH, keys_and_depth, shown
+from gate.core.storage.json_shape import MAX_JSON_DEPTH, keys_and_depth, parse_cost, shown
 from gate.core.traces.header_fields import check_header_fields
 from gate.core.traces.moe import (
     FORCED_ROUTED_EXPERTS,
@@ -106,13 +107,17 @@ def _read_trace(name: str, role: str | None) -> Trace:
                 "for a whole trace)"
             )
             raise TraceError(name, lineno, None, why)
-        obj = _loads(name, lineno, raw)
         if header is None:
-            _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj))
-            header = _parse_header(name, lineno, obj)
+            try:
+                obj = _loads(name, lineno, raw)
+                _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj))
+                header = _parse_header(name, lineno, obj)
+            except TraceError as exc:
+                raise _report_instead(name, exc) from None
             if role is not None and header.role != role:
                 raise TraceError(name, lineno, "role", f"expected {_article(role)} {role} trace, found {header.role!r}")
             continue
+        obj = _loads(name, lineno, raw)
         if type(obj) is dict:
             _check_unique_keys(name, lineno, raw, obj, _walked_keys(name, lineno, obj, skip=_FLAT_FIELDS))
         rec = _parse_record(name, lineno, obj, header)
@@ -125,6 +130,27 @@ def _read_trace(name: str, role: str | None) -> Trace:
     if header is None:
         raise TraceError(name, None, None, "empty file: a trace needs a header line")
     return Trace(header=header, records=tuple(records), path=name)
+
+
+# A gate JSON report opens with its `gate_report` key, written first (pretty or compact).
+_REPORT_START = re.compile(rb'\A\s*\{\s*"gate_report"\s*:')
+REPORT_NOT_TRACE = (
+    "is a gate JSON report (`gate_report`), not a trace (JSON Lines whose first line is a `gate_trace` "
+    "header): `gate run --candidate-trace` and `gate compare` read traces; `gate diff BASE NEW` compares two reports"
+)
+
+
+def _report_instead(name: str, exc: TraceError) -> TraceError:
+    """The error for a file whose first line is no trace header: a JSON report given where
+    a trace goes is named for what it is (a regular file only: a pipe is not read twice)."""
+    try:
+        if not stat.S_ISREG(os.stat(name).st_mode):
+            return exc
+        with open(name, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return exc
+    return TraceError(name, None, None, REPORT_NOT_TRACE) if _REPORT_START.match(head) else exc
 
 
 def _article(word: str) -> str:
@@ -221,7 +247,7 @@ def _compacted(top: Any) -> int:
 
 
 def _line_cost(raw: bytes) -> int:
-    return 64 * raw.count(b"[") + 232 * raw.count(b"{") + 32 * raw.count(b",")
+    return parse_cost(raw)
 
 
 def _loads(name: str, lineno: int, raw: bytes) -> Any:

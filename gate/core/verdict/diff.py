@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.verdict.result import DEFECT
+from gate.core.verdict.result import DEFECT, FAIL, RATIFIED_PASS, STRICT_PASS
 from gate.errors import InputError
 from gate.text import plural
 
@@ -26,6 +26,11 @@ from gate.text import plural
 _DOCTRINE_IGNORED = frozenset({"strict"})
 
 CLASS_WORDS = {"exact_tie": "exact tie", "near_tie": "near tie", "defect": "defect"}
+VERDICTS = (STRICT_PASS, RATIFIED_PASS, FAIL)
+TRACE_NOT_REPORT = (
+    "is a gate trace (JSON Lines whose first line is a `gate_trace` header), not a JSON report: `gate diff` "
+    "compares two runs' reports (`gate run --format json`); `gate compare ORACLE CANDIDATE` judges traces"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,16 @@ class RunReport:
     def defects(self) -> tuple[ReportDivergence, ...]:
         return tuple(d for d in self.divergences if d.cls == DEFECT)
 
+    @property
+    def passed(self) -> bool:
+        """The verdict passes under the report's own doctrine (what its exit code must say)."""
+        return passes(self.verdict, self.doctrine.get("strict") is True)
+
+
+def passes(verdict: str, strict: bool) -> bool:
+    """Exit 0: a strict pass, or a ratified pass without --strict (the spec's exit codes)."""
+    return verdict == STRICT_PASS or (verdict == RATIFIED_PASS and not strict)
+
 
 @dataclass(frozen=True, slots=True)
 class ClassChange:
@@ -118,7 +133,7 @@ class ReportDiff:
 
     @property
     def verdict_failed(self) -> bool:
-        return self.new.exit_code != 0 and self.base.exit_code == 0
+        return not self.new.passed and self.base.passed
 
     @property
     def worse(self) -> tuple[str, ...]:
@@ -301,6 +316,8 @@ def parse_report(raw: Any, path: str) -> RunReport:
 
     if not isinstance(raw, Mapping):
         raise InputError(f"{path}: not a gate JSON report (expected an object, found {type(raw).__name__})")
+    if "gate_trace" in raw and "gate_report" not in raw:
+        raise InputError(f"{path}: {TRACE_NOT_REPORT}")
     if raw.get("gate_report") != 1:
         raise InputError(
             f"{path}: field 'gate_report': expected 1 (a report of `gate run` or `gate compare --format json`), "
@@ -356,7 +373,7 @@ def parse_report(raw: Any, path: str) -> RunReport:
                 top2_gap_mnats=float(gap) if isinstance(gap, int | float) and not isinstance(gap, bool) else None,
             )
         )
-    return RunReport(
+    report = RunReport(
         path=path,
         model=model,
         oracle_sha256=sha,
@@ -368,6 +385,55 @@ def parse_report(raw: Any, path: str) -> RunReport:
         divergences=tuple(divergences),
         distribution=_figures(raw.get("distribution"), path),
     )
+    check_consistent(report)
+    return report
+
+
+def check_consistent(report: RunReport) -> None:
+    """Refuse (InputError naming the field) a report whose fields contradict one another: a
+    verdict gate does not write, an exit code its verdict does not give, a pass over a
+    prompt that is not ratified (strict, for a strict pass), a defect or a distribution
+    beyond the floor, a prompt ratified or strict over a defect, a divergence of no prompt.
+    `gate diff` weighs what a report found; no single field can make it better than that."""
+    path = report.path
+
+    def refuse(field: str, why: str) -> InputError:
+        return InputError(f"{path}: field {field!r}: {why}; the report contradicts itself")
+
+    if report.verdict not in VERDICTS:
+        raise InputError(f"{path}: field 'verdict': expected one of {', '.join(VERDICTS)}, found {report.verdict!r}")
+    strict = report.doctrine.get("strict")
+    if not isinstance(strict, bool):
+        raise InputError(f"{path}: field 'doctrine.strict': expected true or false, found {strict!r}")
+    want = 0 if report.passed else 1
+    if report.exit_code != want:
+        raise refuse("exit_code", f"{report.exit_code} where the verdict {report.verdict!r} gives {want}")
+    prompts = {p.id: p for p in report.prompts}
+    for n, d in enumerate(report.divergences):
+        p = prompts.get(d.prompt_id)
+        if p is None:
+            raise refuse(f"divergences[{n}].prompt_id", f"{d.prompt_id!r} is not one of the report's prompts")
+        if d.cls == DEFECT and (p.ratified or p.strict):
+            raise refuse(f"prompts.{p.id}", f"{'strict' if p.strict else 'ratified'} over a defect ({d.where()})")
+    for p in report.prompts:
+        if p.strict and not p.ratified:
+            raise refuse(f"prompts.{p.id}", "strict but not ratified")
+    if report.verdict == FAIL:
+        return
+    if report.defects:
+        raise refuse("divergences", f"{report.verdict!r} with a defect ({report.defects[0].where()})")
+    if report.verdict == STRICT_PASS and not all(p.strict for p in report.prompts):
+        raise refuse(
+            "prompts",
+            f"'strict_pass' with a prompt not strict ({next(p.id for p in report.prompts if not p.strict)!r})",
+        )
+    if not all(p.ratified for p in report.prompts):
+        raise refuse(
+            "prompts",
+            f"{report.verdict!r} with a prompt not ratified ({next(p.id for p in report.prompts if not p.ratified)!r})",
+        )
+    if report.distribution is not None and report.distribution.beyond:
+        raise refuse("distribution", f"{report.verdict!r} with the distribution beyond the floor")
 
 
 def _figures(raw: Any, path: str) -> ReportFigures | None:

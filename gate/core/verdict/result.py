@@ -279,3 +279,16 @@ def summary_line(result: GateResult) -> str:
         f"{plural(c['near_ties'], 'near tie', 'near ties')}, "
         f"{plural(c['defects'], 'defect', 'defects')})"
     )
+
+
+def summary_legend(result: GateResult) -> str | None:
+    """What the summary's `strict 16/16` counts, when it shows one: every prompt has the
+    same number of positions, and a strict prompt matched all of them. None otherwise."""
+    lengths = {p.positions for p in result.prompts}
+    if len(lengths) != 1:
+        return None
+    n = next(iter(lengths))
+    return (
+        f"(strict {n}/{n}: every prompt has {n} oracle positions, and a strict prompt matches the oracle's "
+        f"tokens at all {n} of them)"
+    )

@@ -63,14 +63,16 @@ from gate.engines._common import (
     check_prompt_ids,
     greedy_record,
     host_platform,
+    refuse_recurrent,
     stop_token_ids,
 )
 from gate.engines._logits import first_argmax, top_k_pairs
 from gate.engines._machine import host_machine
 from gate.engines.executorch.cache import PTE_NAME, executorch_program, read_program_manifest
 from gate.engines.executorch.export import ATTENTIONS, BACKEND, RECIPES
+from gate.engines.executorch.probe import probe
 from gate.errors import EngineError, InputError
-from gate.models.default import DEFAULT_MODEL, materialize_default
+from gate.models.default import DEFAULT_MODEL, materialize_default, resolve_model_path
 from gate.models.hashing import source_hashes
 
 
@@ -143,6 +145,8 @@ class ExecuTorchEngine(TokenizerMethods):
         if opts["threads"] is not None:
             _set_threads(int(opts["threads"]))
         _register_llm_ops(required=attention == "custom_sdpa" and opts["pte"] is None)
+        if opts["pte"] is not None:
+            probe(self.pte)  # a program gate did not build: first in a child process, which may crash
         self.program, self.method = _load(self.pte)
         self.max_seq_len = int(self._constant("get_max_seq_len", opts["max_seq_len"]))
         self.vocab_size: int | None = self._constant("get_vocab_size", None)
@@ -411,8 +415,16 @@ def _source(model: str, *, given_pte: bool) -> Path | None:
     gate exports when no `pte` is given. None: a given `.pte` with no model folder."""
     if model == DEFAULT_MODEL:
         return materialize_default()
-    folder = Path(model).expanduser()
+    folder = Path(resolve_model_path(model)).expanduser()
     if (folder / "config.json").is_file():
+        if not given_pte:
+            refuse_recurrent(
+                "executorch",
+                folder,
+                "gate's ExecuTorch export (gate.engines.executorch.export) keeps a static KV cache only, with no "
+                "Gated DeltaNet recurrent or conv state; export the program elsewhere and give it with "
+                "--engine-opt pte=PATH",
+            )
         return folder
     if given_pte:
         return None

@@ -395,7 +395,10 @@ def stop_ids(model: str, raw: str | None) -> tuple[int, ...]:
 
 def model_folder(model: str) -> Path:
     from gate.models.default import DEFAULT_MODEL, default_model_dir
+    from gate.models.qwen_tiny import QWEN_TINY, packaged_dir
 
+    if model == QWEN_TINY:
+        return packaged_dir()
     return default_model_dir() if model == DEFAULT_MODEL else Path(model).expanduser()
 
 

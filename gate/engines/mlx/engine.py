@@ -1,8 +1,8 @@
 """The MLX engine: a model folder run by Apple's MLX with mlx-lm's model code and KV cache.
 
 The model: by default the pinned checkpoint's own folder (the embedded default's bf16
-safetensors, which `mlx_lm.load` reads as they are), or any local folder `mlx_lm.load`
-accepts (a Hugging Face folder or an MLX build); `quantize=BITS` runs mlx-lm's own
+safetensors, which `mlx_lm.load` reads as they are; for the Qwen3.6 test checkpoint, its
+`mlx_lm.convert` folder), or any local folder `mlx_lm.load` accepts; `quantize=BITS` runs mlx-lm's own
 quantisation of it instead (`mlx_lm.convert`, affine, group size `q_group_size`, default 64:
 `gate.models.mlx_build`, cached under gate's cache with a manifest); `model_path=FOLDER`
 runs a prebuilt MLX folder against the pin named by `--model`.
@@ -34,13 +34,10 @@ default the folder's own), device (cpu, gpu; default MLX's), prefill_step_size (
 cache of the previous prompt for the prefix a prompt shares with it, as mlx-lm's server
 does with its prompt cache), rope_from_config (default true; see below).
 
-Rope parameters: transformers 5 writes a llama's RoPE base into `rope_parameters`
-(`{"rope_theta": 100000.0, "rope_type": "default"}` for the default model's folder), where
-mlx-lm 0.32's llama reads only a top-level `rope_theta` and otherwise falls back to 10000: it
-would run the model with another RoPE base, silently (measured on the default pin: 85
-defects; docs/results/engine-mlx.md). With `rope_from_config` (the default) such a folder's
-`rope_parameters` are handed to mlx-lm as the top-level `rope_theta` (and `rope_scaling` for a
-scaled type) that a transformers-4 config states, recorded in the header
+Rope parameters: transformers 5 writes a llama's RoPE base into `rope_parameters`, where
+mlx-lm 0.32's llama reads only a top-level `rope_theta`, else 10000: silently another base (85
+defects on the default pin). With `rope_from_config` (the default) they are handed to mlx-lm as
+the top-level `rope_theta` (and `rope_scaling`) a transformers-4 config states, recorded
 (`config_overrides`); `rope_from_config=false` runs the folder as mlx-lm reads it.
 """
 
@@ -75,7 +72,8 @@ from gate.engines.mlx.capture import capture_mlx, named_activations
 from gate.errors import EngineError, InputError
 from gate.models.default import DEFAULT_MODEL, materialize_default
 from gate.models.hashing import source_hashes
-from gate.models.mlx_build import DEFAULT_GROUP_SIZE, mlx_quantised, read_mlx_manifest
+from gate.models.mlx_build import DEFAULT_GROUP_SIZE, mlx_converted, mlx_quantised, read_mlx_manifest
+from gate.models.qwen_tiny import QWEN_TINY, qwen_tiny_dir
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     "model_path": (str, None),
@@ -163,6 +161,8 @@ class MLXEngine(TokenizerMethods):
             return folder
         if model == DEFAULT_MODEL:
             folder = materialize_default()
+        elif model == QWEN_TINY:
+            folder = qwen_tiny_dir()
         else:
             folder = Path(model).expanduser()
             if not (folder / "config.json").is_file():
@@ -173,7 +173,8 @@ class MLXEngine(TokenizerMethods):
         self.source = folder
         if self.bits:
             return mlx_quantised(folder, self.bits, self.group_size, dtype=dtype)
-        return folder
+        # The Qwen3.6 test checkpoint: its mlx_lm.convert folder, float32 (MLX's CPU GatherMM has no bf16).
+        return mlx_converted(folder, dtype=dtype or "float32") if model == QWEN_TINY else folder
 
     # ------------------------------------------------------------------ the contract
 

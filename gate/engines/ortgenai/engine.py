@@ -40,11 +40,18 @@ import onnxruntime_genai as og
 
 from gate.core.engine import ForcedDecode, PromptInput, parse_options
 from gate.core.traces.trace import PromptRecord
-from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform
+from gate.engines._common import (
+    Pairs,
+    check_forced_ids,
+    check_prompt_ids,
+    greedy_record,
+    host_platform,
+    refuse_recurrent,
+)
 from gate.engines._logits import top_k_pairs
 from gate.engines.ortgenai.builder import PRECISIONS, onnx_model, read_onnx_manifest
 from gate.errors import InputError
-from gate.models.default import DEFAULT_MODEL, materialize_default
+from gate.models.default import DEFAULT_MODEL, materialize_default, resolve_model_path
 from gate.models.hashing import source_hashes
 
 OPTIONS: dict[str, tuple[type, Any]] = {
@@ -102,9 +109,15 @@ class OrtGenAIEngine:
         if model == DEFAULT_MODEL:
             self.source = materialize_default()
         else:
-            folder = Path(model).expanduser()
+            folder = Path(resolve_model_path(model)).expanduser()
             if (folder / "genai_config.json").is_file():
                 return folder
+            refuse_recurrent(
+                "ortgenai",
+                folder,
+                "gate's forced decode on ONNX Runtime GenAI rewinds the generator by a token (rewind_to), "
+                "which a Gated DeltaNet recurrent state cannot undo",
+            )
             if not folder.is_dir():
                 raise InputError(
                     f"engine 'ortgenai' runs a local model: {model!r} is neither an ONNX Runtime GenAI folder "

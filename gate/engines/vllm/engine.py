@@ -83,6 +83,7 @@ from gate.engines._common import (
     sort_top,
 )
 from gate.engines._machine import host_machine
+from gate.engines.vllm.architecture import check_architecture
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -189,6 +190,7 @@ class VLLMEngine(TokenizerMethods):
         self.model_id = model
         self.options = opts
         self.model_path = resolve_model_path(model)
+        check_architecture(self.model_path)
         from vllm.platforms import current_platform
 
         self.on_cpu = bool(current_platform.is_cpu())
