@@ -1,5 +1,6 @@
 """`gate pin record`: run the vLLM oracle over a prompt suite and write the pin;
-`gate pin show`: a pin's provenance and its exact top-2 ties.
+`gate pin show`: a pin's provenance and its exact top-2 ties;
+`gate pin reference`: add the float32 reference's lists (and their floor) to a pin.
 
 The recording is `gate.workflows.pin_record.record_pin`, the summary
 `gate.workflows.pin_show.pin_summary`; this module parses options and prints.
@@ -46,6 +47,21 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
 
     out = pin_summary(model, pins_dir)
     write_data(orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE), None)
+    return 0
+
+
+def add_reference(
+    *, model: str, pins_dir: Path | None, model_path: Path | None, floor: Path | None, force: bool
+) -> int:
+    from gate.cli.output import say
+    from gate.core.storage.json_file import read_json
+    from gate.core.verdict.floor import Floor
+    from gate.workflows.pin_reference import add_reference as add
+
+    fl = None
+    if floor is not None:
+        fl = Floor.from_dict(read_json(floor, what="floor file"), str(floor), key="reference_floor")
+    add(model, pins_dir, model_path=model_path, floor=fl, force=force, say=say)
     return 0
 
 
@@ -122,5 +138,25 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print a pin's provenance and its exact top-2 ties as JSON."""
         raise typer.Exit(show_pin(model=model, pins_dir=pins_dir))
+
+    @pin_app.command("reference", epilog=options.EXIT_CODES_WRITE)
+    def reference_cmd(
+        model: Annotated[str, typer.Option("--model", "-m", help="Model id of the pin.")],
+        model_path: options.ModelPath = None,
+        pins_dir: options.PinsDir = None,
+        floor: Annotated[
+            Path | None,
+            typer.Option(
+                "--floor",
+                help="A JSON file with the honest floor against the reference (kl_mean_mnats, kl_p99_mnats, "
+                "same_top_rate, margin, measured_by): written to the doctrine as reference_floor.",
+            ),
+        ] = None,
+        force: Annotated[
+            bool, typer.Option("--force", help="Record the reference again where the pin has one.")
+        ] = False,
+    ) -> None:
+        """Add the float32 reference (the same weights in float32, forced along the oracle's tokens) to a pin."""
+        raise typer.Exit(add_reference(model=model, pins_dir=pins_dir, model_path=model_path, floor=floor, force=force))
 
     app.add_typer(pin_app)

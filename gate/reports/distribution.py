@@ -61,27 +61,47 @@ def class_line(d: RunDistribution) -> str:
 
 
 def limits_text(d: RunDistribution) -> str:
-    fl = d.floor
+    fl = d.deciding_floor
     if fl is None:
         return ""
-    return (
-        f"mean KL ≤ {fl.kl_mean_limit:.3f} mnats, p99 KL ≤ {fl.kl_p99_limit:.3f} mnats, same top ≥ "
-        f"{100 * (1 - fl.same_top_miss_limit):.2f}%"
-    )
+    if d.by_reference:
+        base = d.reference_baseline or 0.0
+        mean = f"vs the float32 reference: mean KL ≤ the oracle's own {base:.3f} + {fl.kl_mean_limit:.3f} mnats"
+    else:
+        mean = f"mean KL ≤ {fl.kl_mean_limit:.3f} mnats"
+    return f"{mean}, p99 KL ≤ {fl.kl_p99_limit:.3f} mnats, same top ≥ {100 * (1 - fl.same_top_miss_limit):.2f}%"
+
+
+def against_words(d: RunDistribution) -> str:
+    """What the verdict measured the candidate against, true of the pin."""
+    if d.by_reference:
+        return (
+            "judged against the pin's float32 reference (the same weights in float32 along the oracle's tokens), "
+            "so only the candidate's own rounding sits in its figures"
+        )
+    if d.deciding_floor is None:
+        return ""
+    if d.reference is not None:
+        return "judged against the oracle's bf16 lists: the pin carries float32 reference lists but no floor for them"
+    return "judged against the oracle's bf16 lists: this pin carries no float32 reference (gate pin reference adds one)"
 
 
 def floor_provenance(d: RunDistribution) -> str:
     """Where the floor's limits come from (the long part: the details section's)."""
-    fl = d.floor
+    fl = d.deciding_floor
     if fl is None:
         return ""
-    return f"the honest floor: its limits are the floor × margin {fl.margin:g}; {fl.measured_by}"
+    ratio = f"; the run's ratio (largest figure over its limit) {d.ratio:.2f}" if d.ratio is not None else ""
+    return (
+        f"the honest floor ({against_words(d)}): its limits are the floor × margin {fl.margin:g}; "
+        f"{fl.measured_by}{ratio}"
+    )
 
 
 def floor_line(d: RunDistribution, result: GateResult | None = None) -> tuple[str, str]:
     """What the distribution verdict decided, in one line, and how loud to say it. With the
     result, the line says whether a missing floor is the pin's or a trace oracle's."""
-    if d.floor is None:
+    if d.deciding_floor is None:
         said = no_floor_words(result) if result is not None else "no honest floor was given"
         return (f"distribution verdict: none — {said}, so this run is judged without it", PLAIN)
     limits = limits_text(d)
@@ -112,7 +132,8 @@ def floor_line(d: RunDistribution, result: GateResult | None = None) -> tuple[st
             f"{FREE_FORCED_WHY}. Not a pass (exit 1, rule {RULE_FREE_FORCED})",
             LOUD,
         )
-    return (f"distribution verdict: within the honest floor ({limits})", QUIET)
+    ratio = f"; ratio {d.ratio:.2f}" if d.ratio is not None else ""
+    return (f"distribution verdict: within the honest floor ({limits}{ratio})", QUIET)
 
 
 def not_judged_words(d: RunDistribution) -> str:
@@ -125,16 +146,21 @@ def not_judged_words(d: RunDistribution) -> str:
 
 def figures_line(d: RunDistribution) -> str:
     """The run's three judged figures in one line, with their limits where there is a floor."""
-    f, fl = d.overall, d.floor
+    f, fl = d.deciding, d.deciding_floor
     rate = None if f.same_top_rate is None else 100.0 * f.same_top_rate
     mean = f"mean KL {_pm(f.kl_mean_mnats, f.kl_se_mnats)} mnats"
     p99 = f"p99 KL {_n(f.kl_p99_mnats)} mnats"
     same = f"same top {_n(rate, 2)}%"
-    if fl is not None:
+    if fl is not None and d.by_reference and f.kl_mean_mnats is not None:
+        base = d.reference_baseline or 0.0
+        mean += f" (the oracle's own {base:.3f}: excess {f.kl_mean_mnats - base:.3f}, limit {fl.kl_mean_limit:.3f})"
+        p99 += f" (limit {fl.kl_p99_limit:.3f})"
+    elif fl is not None:
         mean += f" (limit {fl.kl_mean_limit:.3f})"
         p99 += f" (limit {fl.kl_p99_limit:.3f})"
         same += f" (limit {100 * (1 - fl.same_top_miss_limit):.2f}%)"
-    return f"{mean}, {p99}, {same}; {f.positions} positions sharing the oracle's context"
+    vs = "vs the float32 reference: " if d.by_reference else ""
+    return f"{vs}{mean}, {p99}, {same}; {f.positions} positions sharing the oracle's context"
 
 
 def distribution_summary_lines(result: GateResult) -> list[tuple[str, str]]:
@@ -180,7 +206,10 @@ def distribution_detail_lines(result: GateResult) -> list[tuple[str, str]]:
     lines = [(head, QUIET), *((x, QUIET) for x in figure_lines(d.overall)), (class_line(d), QUIET)]
     if d.overall.no_common_support:
         lines.append((f"  {d.overall.no_common_support} positions with no token in common", QUIET))
-    if d.floor is not None:
+    if d.reference is not None:
+        lines.append(("distribution vs the pin's float32 reference at the same positions:", QUIET))
+        lines.extend((x, QUIET) for x in figure_lines(d.reference))
+    if d.deciding_floor is not None:
         lines.append((floor_provenance(d), QUIET))
     return lines
 

@@ -114,7 +114,7 @@ def _distribution_clause(result: GateResult) -> str:
     d = result.distribution
     if d is None:
         return ""
-    if d.floor is None:
+    if d.deciding_floor is None:
         return f"the distribution is not judged: {no_floor_words(result)}"
     if d.insufficient:
         from gate.core.verdict.distribution import RULE_NOT_JUDGED
@@ -141,7 +141,15 @@ def _distribution_clause(result: GateResult) -> str:
     if d.beyond:
         return "the distribution is beyond the honest floor (" + "; ".join(_short(x) for x in d.beyond_figures) + ")"
     if d.judged:
-        f, fl = d.overall, d.floor
+        f, fl = d.deciding, d.deciding_floor
+        assert fl is not None  # judged
+        if d.by_reference and f.kl_mean_mnats is not None:
+            base = d.reference_baseline or 0.0
+            return (
+                f"the distribution is within the honest floor (mean KL vs the float32 reference "
+                f"{_n(f.kl_mean_mnats)} mnats, {_n(f.kl_mean_mnats - base)} beyond the oracle's own ≤ "
+                f"{fl.kl_mean_limit:.3f}, {f.positions} positions)"
+            )
         return (
             f"the distribution is within the honest floor (mean KL {_n(f.kl_mean_mnats)} mnats ≤ "
             f"{fl.kl_mean_limit:.3f}, {f.positions} positions)"

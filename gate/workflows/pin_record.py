@@ -99,6 +99,11 @@ def record_pin(request: PinRecordRequest, *, say: Say = silent) -> Path:
         say("honest floor: kept the one oracle.json's doctrine carries (doctrine.floor)")
     else:
         say("honest floor: not measured (--no-floor); the pin is judged without the distribution verdict")
+    if settings.doctrine.get("reference_floor") is not None:
+        from gate.workflows.pin_reference import record_reference
+
+        say("float32 reference: recording it (the doctrine's reference_floor judges candidates against it)")
+        trace = record_reference(trace, source_model)
     if old is not None:
         for line in diff_pins(old, trace).lines():
             say(line)

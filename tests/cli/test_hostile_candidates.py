@@ -1,5 +1,7 @@
 """Hostile candidates against the default pin, through `gate compare` (pure: no
-engine, no torch). Each was ratified (or accepted) before the rule it tests existed; each
+engine, no torch), judged by its oracle floor (the pin without its float32 reference:
+`pin_without_reference`; the reference's own attacks: tests/core/test_reference.py and
+the monotonicity properties). Each was ratified (or accepted) before the rule it tests existed; each
 must now be exit 1 (a verdict) or 2 (bad input) as its kind requires, while the honest
 copies built the same way still pass.
 """
@@ -19,6 +21,7 @@ from helpers.pin_attacks import (
     gap,
     oracle_dicts,
     own_step,
+    pin_without_reference,
     raise_runner_up,
     resort,
     same,
@@ -30,7 +33,7 @@ from helpers.pin_attacks import (
 
 def _compare(tmp_path: Path, head: dict[str, Any], records: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     path = write(tmp_path / "cand.jsonl", head, records)
-    r = invoke(["compare", str(PIN), str(path), "--format", "json"])
+    r = invoke(["compare", str(pin_without_reference(tmp_path)), str(path), "--format", "json"])
     assert r.exit_code in (0, 1), r.output
     return r.exit_code, json.loads(r.stdout)
 
@@ -179,7 +182,7 @@ def test_too_few_positions_say_the_drift_is_not_judged(tmp_path: Path) -> None:
     """8 positions (fewer than 16): the report says the drift is not judged, prints no limit."""
     from gate.core.traces.reader import read_trace
 
-    oracle = read_trace(PIN, "oracle")
+    oracle = read_trace(pin_without_reference(tmp_path), "oracle")
     o_rec = oracle.records[0].to_dict()
     for key in ("token_ids", "top_logprobs", "token_logits", "tokens"):
         if key in o_rec:

@@ -110,6 +110,15 @@ evidence = st.fixed_dictionaries(
     {"oracle_ulps": threshold, "candidate_ulps": threshold, "drift_ulps": threshold},
     optional={"floor_logit": st.floats(min_value=0.0, max_value=64.0)},
 )
+floors = st.fixed_dictionaries(
+    {
+        "kl_mean_mnats": st.floats(min_value=0.01, max_value=100.0),
+        "kl_p99_mnats": st.floats(min_value=0.01, max_value=1000.0),
+        "same_top_rate": st.floats(min_value=0.5, max_value=0.999),
+        "margin": st.floats(min_value=1.01, max_value=10.0),
+        "measured_by": st.just("a study"),
+    }
+)
 pin_doctrines = st.fixed_dictionaries(
     {},
     optional={
@@ -117,15 +126,8 @@ pin_doctrines = st.fixed_dictionaries(
         "near_tie_ulps": threshold,
         "evidence": evidence,
         "dtype": st.sampled_from(["bfloat16", "float16", "float32"]),
-        "floor": st.fixed_dictionaries(
-            {
-                "kl_mean_mnats": st.floats(min_value=0.01, max_value=100.0),
-                "kl_p99_mnats": st.floats(min_value=0.01, max_value=1000.0),
-                "same_top_rate": st.floats(min_value=0.5, max_value=0.999),
-                "margin": st.floats(min_value=1.01, max_value=10.0),
-                "measured_by": st.just("a study"),
-            }
-        ),
+        "floor": floors,
+        "reference_floor": floors,
     },
 )
 overrides = st.fixed_dictionaries(
@@ -133,7 +135,7 @@ overrides = st.fixed_dictionaries(
     optional={"near_tie_mnats": threshold, "near_tie_ulps": threshold, "evidence": st.none()},
 )
 
-FIELDS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype", "floor")
+FIELDS = ("near_tie_mnats", "near_tie_ulps", "evidence", "dtype", "floor", "reference_floor")
 
 
 @FAST

@@ -16,8 +16,16 @@ TOP_K = 4
 VOCAB = 12
 PROMPTS, LENGTH = 4, 26  # 104 positions: judged (MIN_POSITIONS 100)
 FLOOR = Floor(kl_mean_mnats=2.0, kl_p99_mnats=40.0, same_top_rate=0.9, margin=1.5, measured_by="test")
+# The floor against the oracle's float32 reference lists (`reference_top_logprobs`, the
+# oracle's logits less its own small rounding noise): where a doctrine carries it, it decides.
+REFERENCE_FLOOR = Floor(kl_mean_mnats=1.5, kl_p99_mnats=30.0, same_top_rate=0.9, margin=1.5, measured_by="test")
+REFERENCE_NOISE = 0.05
 DOCTRINES = {
     "floor": Doctrine(floor=FLOOR),
+    "reference floor": Doctrine(floor=FLOOR, reference_floor=REFERENCE_FLOOR),
+    "evidence + reference floor": Doctrine(
+        near_tie_ulps=2.0, evidence=Evidence(4.0, 2.0, 2.0), floor=FLOOR, reference_floor=REFERENCE_FLOOR
+    ),
     "evidence + floor": Doctrine(near_tie_ulps=2.0, evidence=Evidence(4.0, 2.0, 2.0), floor=FLOOR),
     # A floor no generated candidate is beyond: the token rules decide, coverage still applies.
     "evidence + loose floor": Doctrine(
@@ -43,6 +51,8 @@ def build(seed: int, noise: float, bias: float = 0.0) -> tuple[Trace, Trace]:
     bias on the runner-up): free run greedy over its own lists, teacher-forced with its own
     lists through every prompt that diverged, as `gate run` records it."""
     rng = np.random.default_rng(seed)
+    # The reference's own draws (a second stream: the oracle's and candidate's stay as they were).
+    ref_rng = np.random.default_rng([seed, 1])
     o_recs, c_recs = [], []
     for p in range(PROMPTS):
         o_logits = [rng.normal(0, 3, VOCAB) for _ in range(LENGTH)]
@@ -54,7 +64,10 @@ def build(seed: int, noise: float, bias: float = 0.0) -> tuple[Trace, Trace]:
                 prompt_token_ids=PROMPT,
                 token_ids=o_ids,
                 top_logprobs=o_tops,
-                extra={"token_logits": [20.0] * LENGTH},
+                extra={
+                    "token_logits": [20.0] * LENGTH,
+                    "reference_top_logprobs": [_top(x - ref_rng.normal(0, REFERENCE_NOISE, VOCAB)) for x in o_logits],
+                },
             )
         )
 

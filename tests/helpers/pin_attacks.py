@@ -31,6 +31,27 @@ def pin() -> Trace:
     return read_trace(PIN, "oracle")
 
 
+def pin_without_reference(folder: Path) -> Path:
+    """The default pin without its float32 reference (lists, header, `reference_floor`): judged
+    by the oracle's floor, as every pin without a reference is. For the attacks on the token
+    rules and the drift, whose honest copies are the oracle's lists moved by synthetic noise
+    (noise the float32 reference's excess rightly sees as more rounding than the oracle's)."""
+    from gate.core.verdict.reference import REFERENCE_HEADER_KEY, REFERENCE_KEY
+
+    lines = PIN.read_bytes().splitlines()
+    head = orjson.loads(lines[0])
+    head.pop(REFERENCE_HEADER_KEY, None)
+    head["doctrine"].pop("reference_floor", None)
+    out = [orjson.dumps(head)]
+    for line in lines[1:]:
+        rec = orjson.loads(line)
+        rec.pop(REFERENCE_KEY, None)
+        out.append(orjson.dumps(rec))
+    path = folder / "pin-without-reference.jsonl"
+    path.write_bytes(b"\n".join(out) + b"\n")
+    return path
+
+
 def oracle_dicts() -> list[dict[str, Any]]:
     return [r.to_dict() for r in pin().records]
 

@@ -45,17 +45,19 @@ def planted_flip(pin: Trace, low_nats: float = 0.7, high_nats: float = 1.5) -> T
     """The pin's trace as a candidate that reports everything (its own lists, forced ids and
     lists for every position) and flips one token where the oracle's top-2 gap is between
     `low_nats` and `high_nats`: a defect under the pin's doctrine, a near tie under a
-    threshold above the gap. Its own list puts its token first (the oracle's two logprobs
-    swapped there), so it is greedy over what it reports, and one swapped position keeps
-    its distribution within the pin's floor."""
+    threshold above the gap. Its own list puts its token first, a thousandth of a nat above the oracle's, so it
+    is greedy over what it reports, and that one position keeps its distribution within the
+    pin's floor."""
     for n, rec in enumerate(pin.records):
         assert rec.top_logprobs is not None
         for i, top in enumerate(rec.top_logprobs):
             gap = top[0][1] - top[1][1] if len(top) > 1 else 0.0
             if top[0][0] == rec.token_ids[i] and low_nats < gap < high_nats:
                 lists = [[(int(t), float(lp)) for t, lp in pos] for pos in rec.top_logprobs]
-                (o, lo), (c, lc) = lists[i][0], lists[i][1]
-                lists[i] = [(c, lo), (o, lc), *lists[i][2:]]
+                (o, lo), (c, _) = lists[i][0], lists[i][1]
+                # Its token just above the oracle's (not the two swapped: a whole swapped gap
+                # is a KL of hundreds of mnats, beyond the float32 reference's floor alone).
+                lists[i] = [(c, lo), (o, lo - 1e-3), *lists[i][2:]]
                 tokens = list(rec.token_ids)
                 tokens[i] = c
                 extra = {"forced_top_logprobs": lists}

@@ -47,9 +47,9 @@ def test_the_reason_names_the_rule_the_gap_the_place_and_the_floor(failing: Gate
     assert worst.rule in said and f"at prompt '{worst.prompt_id}' position {worst.position}" in said
     assert f"{worst.oracle_minus_candidate_mnats:,.1f} mnats" in said
     d = failing.distribution
-    assert d is not None and d.floor is not None
+    assert d is not None and d.deciding_floor is not None
     assert "the distribution is beyond the honest floor (mean KL " in said
-    assert f"> {d.floor.kl_mean_limit:.3f}" in said
+    assert f"> {d.deciding_floor.kl_mean_limit:.3f}" in said
     assert "\n" not in said
 
 

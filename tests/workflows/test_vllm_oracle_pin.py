@@ -171,7 +171,16 @@ def test_default_pin_is_committed_with_exact_ties() -> None:
     evidence = {"oracle_ulps": 4, "candidate_ulps": 2, "drift_ulps": 2, "floor_logit": 16}
     floor = pin.settings.doctrine["floor"]  # the distribution verdict's honest floor (docs/reference/doctrine.md)
     assert floor["margin"] > 1 and floor["kl_mean_mnats"] > 0 and "doctrine study" in floor["measured_by"]
-    assert pin.settings.doctrine == {"near_tie_ulps": 2, "evidence": evidence, "floor": floor}
+    # The float32 reference's floor (docs/reference/distribution.md), with its lists in the trace.
+    reference_floor = pin.settings.doctrine["reference_floor"]
+    assert reference_floor["margin"] >= 1.5 and "separation study" in reference_floor["measured_by"]
+    assert pin.settings.doctrine == {
+        "near_tie_ulps": 2,
+        "evidence": evidence,
+        "floor": floor,
+        "reference_floor": reference_floor,
+    }
+    assert all(len(r.extra["reference_top_logprobs"]) == len(r.token_ids) for r in pin.trace.records)
     # ... and the pin trace carries it, with the hardware that recorded it.
     assert pin.trace.header.extra["doctrine"] == pin.settings.doctrine
     assert machine_key(machine_of(pin.trace.header.engine, pin.trace.header.extra)) == "cpu:AVX512+bf16"

@@ -104,7 +104,12 @@ def compare(oracle: Trace, candidate: Trace, doctrine: Doctrine | None = None) -
         not_greedy=own.not_greedy,
         not_greedy_total=own.not_greedy_total,
         distribution=measure_distribution(
-            oracle, candidate, {p.id: p.outcomes for p in prompts}, doctrine.floor, evidence=own
+            oracle,
+            candidate,
+            {p.id: p.outcomes for p in prompts},
+            doctrine.floor,
+            evidence=own,
+            reference_floor=doctrine.reference_floor,
         ),
         oracle_sha256=trace_sha256(oracle),
     )

@@ -43,10 +43,13 @@ from gate.core.traces.trace import Trace
 from gate.core.verdict.coverage import Coverage, context_lists, coverage_of, needed
 from gate.core.verdict.evidence import lp_map
 from gate.core.verdict.floor import Floor
+from gate.core.verdict.floor_check import beyond_floor, limits, ratio_of
 from gate.core.verdict.free_forced import FreeForced, free_forced_of
 from gate.core.verdict.kl import canonical, kl_mnats
 from gate.core.verdict.kl import kl_common_mnats as kl_common_mnats  # re-exported
 from gate.core.verdict.own_lists import CandidateEvidence, OwnLists, candidate_evidence
+from gate.core.verdict.reference import REFERENCE_KEY, Reference, oracle_own_mean, reference_of
+from gate.errors import InputError
 
 # Fewer measured positions than this and the distribution is shown but not judged.
 MIN_POSITIONS = 100
@@ -117,6 +120,12 @@ def point_at(
     return Point(prompt_id, position, cls, kl, same_top(oracle_token, cand, lp_map(oracle_top)), dp, support)
 
 
+def _top_of(top: Sequence[Sequence[Any]]) -> int:
+    t = top_token(top)
+    assert t is not None  # reference lists are never empty (`reference_of`)
+    return t
+
+
 def worse(a: Point, b: Point) -> Point:
     """Two measurements of one context (free run and forced): the larger KL, and a same-top
     miss if either misses. A candidate whose decode path and prefill disagree is judged by
@@ -128,10 +137,17 @@ def worse(a: Point, b: Point) -> Point:
 
 
 def points(
-    oracle: Trace, candidate: Trace, outcomes: Mapping[str, str], evidence: CandidateEvidence | None = None
+    oracle: Trace,
+    candidate: Trace,
+    outcomes: Mapping[str, str],
+    evidence: CandidateEvidence | None = None,
+    reference: Reference | None = None,
 ) -> list[Point]:
     """One point per position where the candidate saw the oracle's context and reported a list
-    (the worse of its free-run and forced lists where it has both)."""
+    (the worse of its free-run and forced lists where it has both). With `reference` (the
+    pin's float32 lists, `gate.core.verdict.reference`) each list is measured against the
+    reference's list there and its top token instead of the oracle's; the positions and the
+    entries each list needs are the same."""
     cand = candidate.by_id()
     own_of = evidence if evidence is not None else candidate_evidence(oracle, candidate)
     top_k = oracle.header.top_k
@@ -147,7 +163,12 @@ def points(
                 continue
             otop = o.top_logprobs[i]
             cls = CLASS_OF_OUTCOME.get(marks[i] if i < len(marks) else "m", "match")
-            p = point_at(o.id, i, cls, otop, o.token_ids[i], ctop, needed(otop, top_k))
+            keep = needed(otop, top_k)
+            if reference is not None:
+                rtop = reference[o.id][i]
+                p = point_at(o.id, i, cls, rtop, _top_of(rtop), ctop, keep)
+            else:
+                p = point_at(o.id, i, cls, otop, o.token_ids[i], ctop, keep)
             at[i] = worse(at[i], p) if i in at else p
         out.extend(at[i] for i in sorted(at))
     return out
@@ -258,17 +279,42 @@ def _mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
 
 @dataclass(frozen=True, slots=True)
 class RunDistribution:
-    """A run's distribution figures, by class, and the verdict against the pin's floor."""
+    """A run's distribution figures, by class, and the verdict against the pin's floor.
+
+    With a float32 reference (`gate.core.verdict.reference`: the pin's lists and its
+    doctrine's `reference_floor`) the figures against the reference decide; without one,
+    the figures against the oracle and `floor` do, as before."""
 
     overall: Figures
     by_class: tuple[tuple[str, Figures], ...]
     floor: Floor | None
-    # The figures beyond the floor's limits, in words (empty: within, or too few positions).
+    # The figures beyond the deciding floor's limits, in words (empty: within, or too few positions).
     beyond_figures: tuple[str, ...] = ()
     # What the candidate reported against what the floor was measured with (None: not checked).
     coverage: Coverage | None = None
     # Its own free-run lists against its forced ones where both saw one context (None: not measured).
     free_forced: FreeForced | None = None
+    # The same positions measured against the pin's float32 reference (None: the pin has none).
+    reference: Figures | None = None
+    # The honest floor against that reference (the doctrine's `reference_floor`).
+    reference_floor: Floor | None = None
+    # The oracle's own mean KL from the reference at the same positions: the mean is judged in
+    # excess of it (`gate.core.verdict.floor_check`).
+    reference_baseline: float | None = None
+
+    @property
+    def by_reference(self) -> bool:
+        """The float32 reference decides (the pin carries its lists and its floor)."""
+        return self.reference is not None and self.reference_floor is not None
+
+    @property
+    def deciding_floor(self) -> Floor | None:
+        return self.reference_floor if self.by_reference else self.floor
+
+    @property
+    def deciding(self) -> Figures:
+        """The figures the verdict is taken on."""
+        return self.reference if self.by_reference and self.reference is not None else self.overall
 
     @property
     def complete(self) -> bool:
@@ -276,23 +322,31 @@ class RunDistribution:
 
     @property
     def judged(self) -> bool:
-        return self.floor is not None and self.complete and self.overall.positions >= MIN_POSITIONS
+        return self.deciding_floor is not None and self.complete and self.overall.positions >= MIN_POSITIONS
 
     @property
     def insufficient(self) -> bool:
         """A pin with a floor, and a candidate that reported less than the floor was measured
         with: not judged, and not a pass."""
-        return self.floor is not None and not self.complete
+        return self.deciding_floor is not None and not self.complete
 
     @property
     def not_judged_reason(self) -> str | None:
-        if self.floor is None:
+        if self.deciding_floor is None:
             return "the pin carries no honest floor"
         if not self.complete and self.coverage is not None:
             return self.coverage.reason()
         if self.overall.positions < MIN_POSITIONS:
             return f"{self.overall.positions} positions measured, fewer than {MIN_POSITIONS}"
         return None
+
+    @property
+    def ratio(self) -> float | None:
+        """How close the run came: the largest of the deciding figures over its limit (1.0 at
+        the limit, below 1 inside); None without a floor or figures."""
+        fl = self.deciding_floor
+        base = (self.reference_baseline or 0.0) if self.by_reference else 0.0
+        return None if fl is None else ratio_of(self.deciding, fl, base)
 
     @property
     def beyond(self) -> bool:
@@ -305,6 +359,7 @@ class RunDistribution:
         return self.judged and self.free_forced is not None and bool(self.free_forced.beyond_figures)
 
     def to_dict(self) -> dict[str, Any]:
+        ref = self.reference_floor
         return {
             **self.overall.to_dict(),
             "by_class": {name: f.to_dict() for name, f in self.by_class},
@@ -321,39 +376,28 @@ class RunDistribution:
             "rule": RULE_NOT_JUDGED if self.insufficient else None,
             # Addition: the candidate's free-run lists against its forced ones (rule RULE_FREE_FORCED).
             "free_forced": self.free_forced.to_dict(self.floor, self.judged) if self.free_forced is not None else None,
+            # Additions: the figures against the pin's float32 reference, which of the two
+            # decides, and how close the deciding figures came to their limits.
+            "reference": None
+            if self.reference is None
+            else {
+                **self.reference.to_dict(),
+                "oracle_kl_mean_mnats": self.reference_baseline,
+                "kl_mean_excess_mnats": None
+                if self.reference.kl_mean_mnats is None or self.reference_baseline is None
+                else self.reference.kl_mean_mnats - self.reference_baseline,
+                "floor": ref.to_dict() if ref is not None else None,
+                "limits": limits(ref) if ref is not None else None,
+            },
+            "judged_against": JUDGED_AGAINST_REFERENCE if self.by_reference else JUDGED_AGAINST_ORACLE,
+            "ratio": self.ratio,
             "kl": "KL(oracle || candidate) over both lists, an oracle token the candidate lacks at its smallest "
             "listed probability",
         }
 
 
-def limits(floor: Floor) -> dict[str, float]:
-    return {
-        "kl_mean_mnats": floor.kl_mean_limit,
-        "kl_p99_mnats": floor.kl_p99_limit,
-        "same_top_rate": 1.0 - floor.same_top_miss_limit,
-    }
-
-
-def beyond_floor(f: Figures, floor: Floor) -> tuple[str, ...]:
-    """Each figure of `f` beyond the floor's limit, said with its numbers."""
-    out: list[str] = []
-    m = f"{floor.margin:g}"
-    if f.kl_mean_mnats is not None and f.kl_mean_mnats > floor.kl_mean_limit:
-        out.append(
-            f"mean KL {f.kl_mean_mnats:.3f} mnats > {floor.kl_mean_limit:.3f} "
-            f"(honest floor {floor.kl_mean_mnats:g} x margin {m})"
-        )
-    if f.kl_p99_mnats is not None and f.kl_p99_mnats > floor.kl_p99_limit:
-        out.append(
-            f"p99 KL {f.kl_p99_mnats:.3f} mnats > {floor.kl_p99_limit:.3f} "
-            f"(honest floor {floor.kl_p99_mnats:g} x margin {m})"
-        )
-    if f.same_top_rate is not None and 1.0 - f.same_top_rate > floor.same_top_miss_limit:
-        out.append(
-            f"same top {100 * f.same_top_rate:.2f}% < {100 * (1 - floor.same_top_miss_limit):.2f}% "
-            f"(honest floor {100 * floor.same_top_rate:g}%, misses x margin {m})"
-        )
-    return tuple(out)
+JUDGED_AGAINST_REFERENCE = "float32 reference"
+JUDGED_AGAINST_ORACLE = "oracle"
 
 
 def measure_distribution(
@@ -362,14 +406,33 @@ def measure_distribution(
     outcomes: Mapping[str, str],
     floor: Floor | None,
     evidence: CandidateEvidence | None = None,
+    reference_floor: Floor | None = None,
 ) -> RunDistribution:
     """The run's figures (`outcomes`: each prompt's `PromptResult.outcomes`), its coverage
-    and, with a floor, which figures are beyond it."""
+    and, with a floor, which figures are beyond it. Where the pin carries float32 reference
+    lists the same positions are measured against them too, and with `reference_floor` those
+    figures decide (a `reference_floor` without the lists is refused: InputError)."""
     own = evidence if evidence is not None else candidate_evidence(oracle, candidate)
     pts = points(oracle, candidate, outcomes, own)
     overall = Figures.of(pts)
     by_class = tuple((name, Figures.of(sel)) for name in CLASSES if (sel := [p for p in pts if p.cls == name]))
-    beyond = beyond_floor(overall, floor) if floor is not None and overall.positions >= MIN_POSITIONS else ()
+    ref_lists = reference_of(oracle)
+    if reference_floor is not None and ref_lists is None:
+        raise InputError(
+            f"{oracle.path}: the doctrine names a reference_floor, but the pin's records carry no "
+            f"{REFERENCE_KEY} (record them with `gate pin reference`, or drop the field)"
+        )
+    ref: Figures | None = None
+    base: float | None = None
+    if ref_lists is not None:
+        ref_pts = points(oracle, candidate, outcomes, own, ref_lists)
+        ref = Figures.of(ref_pts)
+        base = oracle_own_mean(oracle, ref_lists, [(p.prompt_id, p.position) for p in ref_pts])
+    enough = overall.positions >= MIN_POSITIONS
+    if reference_floor is not None and ref is not None:
+        beyond = beyond_floor(ref, reference_floor, JUDGED_AGAINST_REFERENCE, base or 0.0) if enough else ()
+    else:
+        beyond = beyond_floor(overall, floor) if floor is not None and enough else ()
     return RunDistribution(
         overall=overall,
         by_class=by_class,
@@ -377,4 +440,7 @@ def measure_distribution(
         beyond_figures=beyond,
         coverage=run_coverage(oracle, candidate, own),
         free_forced=free_forced_of(oracle, candidate, own, floor),
+        reference=ref,
+        reference_floor=reference_floor,
+        reference_baseline=base,
     )

@@ -130,6 +130,9 @@ class Doctrine:
     evidence: Evidence | None = None
     # The pin's honest floor for the distribution verdict (gate.core.verdict.distribution).
     floor: Floor | None = None
+    # The honest floor against the pin's float32 reference lists (gate.core.verdict.reference):
+    # where the pin carries both, it decides the distribution verdict.
+    reference_floor: Floor | None = None
     # Where this doctrine came from, for reports ("pin <path>", "command line", "default").
     source: str = field(default="", compare=False)
 
@@ -153,6 +156,8 @@ class Doctrine:
             out["dtype"] = self.dtype or DEFAULT_DTYPE
         if self.floor is not None:
             out["floor"] = self.floor.to_dict()
+        if self.reference_floor is not None:
+            out["reference_floor"] = self.reference_floor.to_dict()
         return out
 
 
@@ -182,6 +187,11 @@ def _floor(value: Any, what: str) -> Floor:
     return Floor.from_dict(value, where)
 
 
+def _reference_floor(value: Any, what: str) -> Floor:
+    where = what.removesuffix(".reference_floor'") + "'" if what.endswith(".reference_floor'") else what
+    return Floor.from_dict(value, where, key="reference_floor")
+
+
 # A doctrine object's fields, as a pin carries it (oracle.json's `doctrine`, and the pin
 # trace header's `doctrine`, which travels with the pin trace wherever it is judged): each
 # key, the `Doctrine` attribute of the same name, and how its value is checked and read.
@@ -193,6 +203,7 @@ DOCTRINE_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "evidence": _evidence,
     "dtype": _dtype_name,
     "floor": _floor,
+    "reference_floor": _reference_floor,
 }
 PIN_DOCTRINE_KEYS = tuple(DOCTRINE_FIELDS)
 

@@ -91,18 +91,18 @@ class Floor:
         }
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "doctrine") -> Floor:
+    def from_dict(cls, raw: Any, where: str = "doctrine", key: str = "floor") -> Floor:
         if not isinstance(raw, Mapping):
-            raise InputError(f"{where}: field 'floor' must be an object, found {type(raw).__name__}")
+            raise InputError(f"{where}: field '{key}' must be an object, found {type(raw).__name__}")
         unknown = sorted(set(raw) - set(FLOOR_KEYS))
         missing = [k for k in FLOOR_KEYS if k not in raw]
         if unknown or missing:
             raise InputError(
-                f"{where}: field 'floor': expected keys {', '.join(FLOOR_KEYS)}"
+                f"{where}: field '{key}': expected keys {', '.join(FLOOR_KEYS)}"
                 + (f"; unknown {', '.join(unknown)}" if unknown else "")
                 + (f"; missing {', '.join(missing)}" if missing else "")
             )
         try:
             return cls(**{k: raw[k] for k in FLOOR_KEYS})
         except InputError as exc:
-            raise InputError(f"{where}: field 'floor': {exc}") from None
+            raise InputError(f"{where}: field '{key}': {exc}") from None
