@@ -2,7 +2,7 @@
 folder, gating an engine against it, and judging two traces. `import gate` names them
 (`gate.load_pin`, `gate.run`, `gate.compare`); everything they return is a frozen record of
 the core. `gate.compare` is the one judging function every door calls
-(`gate.workflows.judge`): the oracle's own doctrine unless the caller passes one."""
+(`gate.workflows.run.judge`): the oracle's own doctrine unless the caller passes one."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from gate.core.verdict.result import GateResult
 from gate.engines.registry import load_engine
 from gate.errors import PinError
 from gate.models.default import DEFAULT_MODEL
-from gate.workflows.engine_calls import open_engine
-from gate.workflows.judge import judge as compare
-from gate.workflows.run import RunPlan, gate_run
+from gate.workflows.common.engine_calls import open_engine
+from gate.workflows.run.core import RunPlan, gate_run
+from gate.workflows.run.judge import judge as compare
 
 __all__ = ["compare", "load_pin", "run"]
 

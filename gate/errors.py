@@ -62,7 +62,7 @@ class UnsupportedArchitecture(EngineError):
 
 # An exception that is no GateError reached the command line: a bug in gate itself, not
 # bad input (2) and not the engine (3: an engine's own failures are EngineErrors, wrapped
-# where gate calls into it, `gate.workflows.engine_calls`). An addition to the spec's codes.
+# where gate calls into it, `gate.workflows.common.engine_calls`). An addition to the spec's codes.
 INTERNAL_ERROR_EXIT = 4
 
 

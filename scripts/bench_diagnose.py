@@ -13,7 +13,7 @@ Peak memory is the process's resident set, sampled every 2 ms by a thread, durin
 (the candidate already loaded before all); the diagnosis loads the honest engine (bfloat16)
 itself and widens it to the float32 reference (or loads the reference), and its time includes
 those loads and both paths. The breakdown is the diagnosis's own phases
-(gate.workflows.diagnose.Timings): the cache (hashing the weights, reading and writing the
+(gate.workflows.diagnose.core.Timings): the cache (hashing the weights, reading and writing the
 entry), loading the honest engine and making the reference, each engine's captures (both
 paths together; the honest one includes its band), and the comparison; "other" is what lies
 between them.
@@ -69,7 +69,7 @@ def main() -> None:
     from gate.core.pins.pin import load_pin
     from gate.engines.hf.engine import HFEngine
     from gate.models.default import DEFAULT_MODEL
-    from gate.workflows.diagnose import Timings, diagnose_engine, target_given
+    from gate.workflows.diagnose.core import Timings, diagnose_engine, target_given
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--position", type=int, default=16)

@@ -30,7 +30,7 @@ def main() -> int:
     from gate.core.pins.pin import load_pin
     from gate.engines.executorch.engine import ExecuTorchEngine
     from gate.models.default import DEFAULT_MODEL
-    from gate.workflows.run import prompt_inputs
+    from gate.workflows.run.core import prompt_inputs
 
     prompts = prompt_inputs(load_pin(DEFAULT_MODEL, None))[: args.prompts]
     names = ("masked", "custom_sdpa")

@@ -1,4 +1,4 @@
-"""The margin of `gate diagnose`: honest variants of the HF engine (gate.workflows.diagnose_variants:
+"""The margin of `gate diagnose`: honest variants of the HF engine (gate.workflows.diagnose.variants:
 ISA paths in their own processes, thread counts, eager attention) against this process's
 reference (float32) and honest band (bfloat16), made as `gate diagnose` makes them, on both
 paths (the decode path: a prefill over the context before the position's last token, then its
@@ -21,8 +21,8 @@ def main() -> None:
     from gate.core.diagnosis.metric import MARGIN
     from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL, resolve_model_path
-    from gate.workflows.diagnose import Timings, as_path, decode_prompt, reference_and_band, target_given
-    from gate.workflows.diagnose_variants import HONEST_VARIANTS, capture_in_subprocess
+    from gate.workflows.diagnose.core import Timings, as_path, decode_prompt, reference_and_band, target_given
+    from gate.workflows.diagnose.variants import HONEST_VARIANTS, capture_in_subprocess
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--position", type=int, default=16)

@@ -1,4 +1,4 @@
-"""`gate calibrate`: the doctrine from data (`gate.workflows.calibrate`).
+"""`gate calibrate`: the doctrine from data (`gate.workflows.calibration.calibrate`).
 
 `gate calibrate ORACLE CANDIDATE` measures drift from two trace files (no model, no torch);
 without files it runs the candidate engine over the model's pin first.
@@ -14,7 +14,7 @@ import typer
 from gate.cli import options
 
 if TYPE_CHECKING:
-    from gate.workflows.calibrate import CalibrateRequest
+    from gate.workflows.calibration.calibrate import CalibrateRequest
 
 
 def calibrate_command(*, request: CalibrateRequest, report: options.ReportTarget) -> int:
@@ -22,7 +22,7 @@ def calibrate_command(*, request: CalibrateRequest, report: options.ReportTarget
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.storage.atomic import TRACE
     from gate.reports import check_format
-    from gate.workflows.calibrate import calibrate_request
+    from gate.workflows.calibration.calibrate import calibrate_request
 
     fmt = check_format("Calibration", report.fmt)
     request.engine.options()
@@ -62,8 +62,8 @@ def register(app: typer.Typer) -> None:
         force: options.ForceOutputs = False,
     ) -> None:
         """Measure the drift between a candidate and the oracle and recommend a near-tie doctrine."""
-        from gate.workflows.calibrate import CalibrateRequest
-        from gate.workflows.requests import EngineRequest
+        from gate.workflows.calibration.calibrate import CalibrateRequest
+        from gate.workflows.common.requests import EngineRequest
 
         request = CalibrateRequest(
             oracle=oracle,

@@ -75,7 +75,7 @@ def stderr_console() -> Console:
 
 
 class ProgressBar:
-    """A workflow's progress (`gate.workflows.progress.Progress`) drawn as one rich progress bar on stderr."""
+    """A workflow's progress (`gate.workflows.common.progress.Progress`) drawn as one rich progress bar on stderr."""
 
     def __init__(self, progress: RichProgress) -> None:
         self._progress = progress

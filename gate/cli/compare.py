@@ -1,5 +1,5 @@
 """`gate compare ORACLE CANDIDATE`: adjudicate two trace files; no model, torch or engine
-(`gate.workflows.compare`)."""
+(`gate.workflows.run.compare`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import typer
 from gate.cli import options
 
 if TYPE_CHECKING:
-    from gate.workflows.compare import CompareRequest
+    from gate.workflows.run.compare import CompareRequest
 
 
 def compare_files(*, request: CompareRequest, report: options.ReportTarget) -> int:
     from gate.cli.output import emit, refuse_overwrite
     from gate.reports import check_format
-    from gate.workflows.compare import compare_traces
+    from gate.workflows.run.compare import compare_traces
 
     fmt = check_format("GateResult", report.fmt)
     refuse_overwrite(report.force, (report.output, "--output"), inputs=(request.oracle, request.candidate))
@@ -43,8 +43,8 @@ def register(app: typer.Typer) -> None:
         force: options.Force = False,
     ) -> None:
         """Adjudicate two trace files without loading any model, torch or engine."""
-        from gate.workflows.compare import CompareRequest
-        from gate.workflows.requests import DoctrineFlags
+        from gate.workflows.common.requests import DoctrineFlags
+        from gate.workflows.run.compare import CompareRequest
 
         request = CompareRequest(oracle, candidate, DoctrineFlags(near_tie_mnats, near_tie_ulps, no_evidence), strict)
         raise typer.Exit(compare_files(request=request, report=options.ReportTarget(fmt.value, output, force, details)))

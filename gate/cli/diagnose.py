@@ -16,7 +16,7 @@ from gate.cli import options
 
 if TYPE_CHECKING:
     from gate.core.verdict.result import GateResult
-    from gate.workflows.diagnose_request import DiagnoseRequest
+    from gate.workflows.diagnose.request import DiagnoseRequest
 
 
 def run_diagnose(*, request: DiagnoseRequest, report: options.ReportTarget) -> int:
@@ -25,7 +25,7 @@ def run_diagnose(*, request: DiagnoseRequest, report: options.ReportTarget) -> i
     from gate.cli.common import progress_display
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.reports import check_format
-    from gate.workflows.diagnose_request import diagnose_request
+    from gate.workflows.diagnose.request import diagnose_request
 
     fmt = check_format("Diagnosis", report.fmt)
     refuse_overwrite(
@@ -39,12 +39,12 @@ def run_diagnose(*, request: DiagnoseRequest, report: options.ReportTarget) -> i
 
 
 def run_diagnose_activations(*, request: DiagnoseRequest, report: options.ReportTarget) -> int:
-    """`--emit-context FILE` and `--candidate-activations FILE` (gate.workflows.diagnose_request)."""
+    """`--emit-context FILE` and `--candidate-activations FILE` (gate.workflows.diagnose.request)."""
     import orjson
 
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say, write_data
     from gate.reports import check_format
-    from gate.workflows.diagnose_request import EmittedContext, diagnose_activations
+    from gate.workflows.diagnose.request import EmittedContext, diagnose_activations
 
     fmt = report.fmt
 
@@ -89,7 +89,7 @@ def diagnose_hint(
     from gate.core.verdict.result import DEFECT, FAIL
     from gate.engines.registry import resolve
     from gate.errors import GateError
-    from gate.workflows.diagnose import capture_kind
+    from gate.workflows.diagnose.core import capture_kind
 
     if result.verdict != FAIL:
         return None
@@ -189,8 +189,8 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Locate where a failure enters: the layer, the part and the path (exit 0 nothing located, 1 located)."""
-        from gate.workflows.diagnose_request import DiagnoseRequest
-        from gate.workflows.requests import EngineRequest
+        from gate.workflows.common.requests import EngineRequest
+        from gate.workflows.diagnose.request import DiagnoseRequest
 
         request = DiagnoseRequest(
             model=model,

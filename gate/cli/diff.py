@@ -27,7 +27,7 @@ class DiffFormat(StrEnum):
 def diff_files(*, base: Path, new: Path, report: options.ReportTarget) -> int:
     from gate.cli.output import emit, refuse_overwrite
     from gate.reports import check_format
-    from gate.workflows.diff import diff_report_files
+    from gate.workflows.run.diff import diff_report_files
 
     fmt = check_format("ReportDiff", report.fmt)
     refuse_overwrite(report.force, (report.output, "--output"), inputs=(base, new))

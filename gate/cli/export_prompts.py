@@ -1,5 +1,5 @@
 """`gate export-prompts`: the pinned prompt token ids, for an engine that writes its own trace
-(`gate.workflows.export_prompts`)."""
+(`gate.workflows.run.export_prompts`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from gate.text import plural
 def export_prompts(*, model: str | None, output: Path | None, pins_dir: Path | None, force: bool) -> int:
     from gate.cli.output import pin_inputs, refuse_overwrite, say, to_stdout, write_data
     from gate.core.storage.atomic import SUITE
-    from gate.workflows.export_prompts import export_prompts as export
-    from gate.workflows.requests import default_model
+    from gate.workflows.common.requests import default_model
+    from gate.workflows.run.export_prompts import export_prompts as export
 
     # A list of prompts: never over the pin it reads, nor over any file of another kind.
     refuse_overwrite(force, (output, "--output", SUITE), inputs=pin_inputs(model or default_model(), pins_dir))

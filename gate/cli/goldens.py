@@ -2,8 +2,8 @@
 goldens/<org>/<model>/<engine>.jsonl, and the proof that a change to the engine is inert
 (or the list of every golden it moves, each with its cause).
 
-The options are collected into one `gate.workflows.goldens_request.GoldensRequest`; the work is
-`gate.workflows.goldens_request` (files and judging: `gate.core.goldens.golden`); the reports
+The options are collected into one `gate.workflows.goldens.request.GoldensRequest`; the work is
+`gate.workflows.goldens.request` (files and judging: `gate.core.goldens.golden`); the reports
 are `gate.reports.goldens`. This module parses options and hands the report to the output sink.
 """
 
@@ -18,15 +18,15 @@ from gate.cli import options
 from gate.cli.common import App
 
 if TYPE_CHECKING:
-    from gate.workflows.goldens_request import GoldensRequest
+    from gate.workflows.goldens.request import GoldensRequest
 
 
 def record_goldens(*, request: GoldensRequest) -> int:
     from gate.cli.common import progress_display
     from gate.cli.output import pin_inputs, refuse_overwrite, say
     from gate.core.storage.atomic import GOLDEN
-    from gate.workflows.goldens_request import golden_target
-    from gate.workflows.goldens_request import record_goldens as record
+    from gate.workflows.goldens.request import golden_target
+    from gate.workflows.goldens.request import record_goldens as record
 
     target = golden_target(request)
     # Refused before the model loads (minutes on a large one).
@@ -46,8 +46,8 @@ def check_goldens(*, request: GoldensRequest, report: options.ReportTarget) -> i
     from gate.cli.output import emit, pin_inputs, refuse_overwrite
     from gate.errors import GateError
     from gate.reports import check_format
-    from gate.workflows.goldens_request import accept_moves
-    from gate.workflows.goldens_request import check_goldens as check
+    from gate.workflows.goldens.request import accept_moves
+    from gate.workflows.goldens.request import check_goldens as check
 
     fmt = check_format("GoldensResult", report.fmt)
     refuse_overwrite(
@@ -103,8 +103,8 @@ def register(app: typer.Typer) -> None:
         accept: Annotated[bool, typer.Option("--accept", hidden=True, help="Old name of --force.")] = False,
     ) -> None:
         """Run the engine greedily over the pinned prompts and write its golden atomically."""
-        from gate.workflows.goldens_request import GoldensRequest
-        from gate.workflows.requests import EngineRequest
+        from gate.workflows.common.requests import EngineRequest
+        from gate.workflows.goldens.request import GoldensRequest
 
         request = GoldensRequest(
             model=model,
@@ -140,8 +140,8 @@ def register(app: typer.Typer) -> None:
 
         Each move's cause is judged against the oracle pin: "was recording a tie-break", "near-tie
         flip" or "real change"."""
-        from gate.workflows.goldens_request import GoldensRequest
-        from gate.workflows.requests import DoctrineFlags, EngineRequest
+        from gate.workflows.common.requests import DoctrineFlags, EngineRequest
+        from gate.workflows.goldens.request import GoldensRequest
 
         request = GoldensRequest(
             model=model,

@@ -1,6 +1,6 @@
 """`gate invariance`: the candidate against itself under schedules (batch, order, threads,
 chunked prefill, forced decode against its free run). The work happens in
-`gate.workflows.invariance_request`; this module parses options, draws the progress bar on stderr
+`gate.workflows.invariance.request`; this module parses options, draws the progress bar on stderr
 and prints the matrix. Exit 0 unless a cell varies (a defect flip, or drift beyond the
 doctrine); with `--strict`, anything short of bit-identical is exit 1."""
 
@@ -13,14 +13,14 @@ import typer
 from gate.cli import options
 
 if TYPE_CHECKING:
-    from gate.workflows.invariance_request import InvarianceRequest
+    from gate.workflows.invariance.request import InvarianceRequest
 
 
 def invariance_command(*, request: InvarianceRequest, report: options.ReportTarget) -> int:
     from gate.cli.common import progress_display
     from gate.cli.output import emit, pin_inputs, refuse_overwrite
     from gate.reports import check_format
-    from gate.workflows.invariance_request import invariance_request
+    from gate.workflows.invariance.request import invariance_request
 
     fmt = check_format("InvarianceResult", report.fmt)
     request.plan()
@@ -63,8 +63,8 @@ def register(app: typer.Typer) -> None:
         force: options.Force = False,
     ) -> int:
         """Run the candidate against itself under schedules: batch, order, threads, chunked prefill, forced decode."""
-        from gate.workflows.invariance_request import InvarianceRequest
-        from gate.workflows.requests import DoctrineFlags, EngineRequest
+        from gate.workflows.common.requests import DoctrineFlags, EngineRequest
+        from gate.workflows.invariance.request import InvarianceRequest
 
         request = InvarianceRequest(
             model=model,

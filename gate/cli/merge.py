@@ -1,5 +1,5 @@
 """`gate merge`: combine the traces of `gate run --shard K/N` into one, for one adjudication
-(`gate.workflows.merge`)."""
+(`gate.workflows.run.merge`)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from gate.cli import options
 from gate.text import plural
 
 if TYPE_CHECKING:
-    from gate.workflows.merge import MergeRequest
+    from gate.workflows.run.merge import MergeRequest
 
 
 def merge_files(*, request: MergeRequest, output: Path, force: bool) -> int:
     from gate.cli.output import refuse_overwrite, say, to_stdout, write_data
     from gate.core.storage.atomic import GOLDEN, PIN, TRACE, file_kind
     from gate.core.traces.trace import encode_trace
-    from gate.workflows.merge import merge_shards
+    from gate.workflows.run.merge import merge_shards
 
     request.check()
     # Refuse to clobber before reading what may be gigabytes of shards.
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Merge shard traces into one trace: no overlaps, no gaps, one provenance."""
         from gate.errors import InputError
-        from gate.workflows.merge import MergeRequest
+        from gate.workflows.run.merge import MergeRequest
 
         if model is not None and pin_model is not None and model != pin_model:
             raise InputError(f"--model {model!r} and --pin-model {pin_model!r} (its old name) disagree: give one")

@@ -1,8 +1,8 @@
 """Option declarations of the commands (typer `Annotated` types), declared once.
 
 A command takes `model: options.Model = None`, collects its options into one frozen
-request (`gate.workflows.run_request.RunRequest`, ...; the shared groups are
-`gate.workflows.requests.EngineRequest` and `DoctrineFlags`, and `ReportTarget` below) and
+request (`gate.workflows.run.request.RunRequest`, ...; the shared groups are
+`gate.workflows.common.requests.EngineRequest` and `DoctrineFlags`, and `ReportTarget` below) and
 hands that record to a plain function.
 """
 

@@ -2,8 +2,8 @@
 `gate pin show`: a pin's provenance and its exact top-2 ties;
 `gate pin reference`: add the float32 reference's lists (and their floor) to a pin.
 
-The recording is `gate.workflows.pin_record.record_pin`, the summary
-`gate.workflows.pin_show.pin_summary`; this module parses options and prints.
+The recording is `gate.workflows.pins.record.record_pin`, the summary
+`gate.workflows.pins.show.pin_summary`; this module parses options and prints.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from gate.cli import options
 from gate.cli.common import App
 
 if TYPE_CHECKING:
-    from gate.workflows.pin_record import PinRecordRequest
+    from gate.workflows.pins.record import PinRecordRequest
 
 
 def record_pin(*, request: PinRecordRequest) -> int:
     from gate.cli.output import refuse_overwrite, say
     from gate.core.storage.atomic import PIN
     from gate.errors import PinError
-    from gate.workflows.pin_record import record_pin as record
+    from gate.workflows.pins.record import record_pin as record
 
     # Everything that can be refused is refused before the oracle loads (minutes on a GPU).
     refuse_overwrite(
@@ -43,7 +43,7 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
     import orjson
 
     from gate.cli.output import write_data
-    from gate.workflows.pin_show import pin_summary
+    from gate.workflows.pins.show import pin_summary
 
     out = pin_summary(model, pins_dir)
     write_data(orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE), None)
@@ -56,7 +56,7 @@ def add_reference(
     from gate.cli.output import say
     from gate.core.storage.json_file import read_json
     from gate.core.verdict.floor import Floor
-    from gate.workflows.pin_reference import add_reference as add
+    from gate.workflows.pins.reference import add_reference as add
 
     fl = None
     if floor is not None:
@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the oracle (vLLM, or transformers with --oracle) over the prompt suite and write the pin
         with its provenance."""
-        from gate.workflows.pin_record import PinRecordRequest
+        from gate.workflows.pins.record import PinRecordRequest
 
         request = PinRecordRequest(
             model=model,

@@ -1,7 +1,7 @@
 """`gate run`: gate a candidate engine (or a trace it wrote) against the pinned oracle.
 
-The options are collected into one `gate.workflows.run_request.RunRequest`, carried out by
-`gate.workflows.run_request.run_gate`; this module draws the progress bar on stderr and
+The options are collected into one `gate.workflows.run.request.RunRequest`, carried out by
+`gate.workflows.run.request.run_gate`; this module draws the progress bar on stderr and
 prints the report.
 """
 
@@ -14,7 +14,7 @@ import typer
 from gate.cli import options
 
 if TYPE_CHECKING:
-    from gate.workflows.run_request import RunRequest
+    from gate.workflows.run.request import RunRequest
 
 
 def run_gate(*, request: RunRequest, report: options.ReportTarget, timings: bool = False) -> int:
@@ -22,8 +22,8 @@ def run_gate(*, request: RunRequest, report: options.ReportTarget, timings: bool
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.core.storage.atomic import TRACE
     from gate.reports import check_format
-    from gate.workflows.run import RunInterrupted
-    from gate.workflows.run_request import run_gate as run
+    from gate.workflows.run.core import RunInterrupted
+    from gate.workflows.run.request import run_gate as run
 
     fmt = check_format("GateResult", report.fmt)
     request.check()
@@ -86,8 +86,8 @@ def register(app: typer.Typer) -> None:
         repeat: options.Repeat = 1,
     ) -> None:
         """Gate a candidate engine against the pinned vLLM oracle."""
-        from gate.workflows.requests import DoctrineFlags, EngineRequest
-        from gate.workflows.run_request import RunRequest
+        from gate.workflows.common.requests import DoctrineFlags, EngineRequest
+        from gate.workflows.run.request import RunRequest
 
         request = RunRequest(
             model=model,

@@ -1,4 +1,4 @@
-"""`gate selftest`: the gate tested by mutation (`gate.workflows.selftest`). It runs the HF
+"""`gate selftest`: the gate tested by mutation (`gate.workflows.calibration.selftest`). It runs the HF
 engine with injected faults over the pin and reports what the gate made of each (exit 0
 when every fault was caught and classified as expected, 1 otherwise)."""
 
@@ -11,14 +11,14 @@ import typer
 from gate.cli import options
 
 if TYPE_CHECKING:
-    from gate.workflows.selftest import SelftestRequest
+    from gate.workflows.calibration.selftest import SelftestRequest
 
 
 def selftest_command(*, request: SelftestRequest, report: options.ReportTarget) -> int:
     from gate.cli.common import progress_display
     from gate.cli.output import emit, pin_inputs, refuse_overwrite, say
     from gate.reports import check_format
-    from gate.workflows.selftest import selftest_request
+    from gate.workflows.calibration.selftest import selftest_request
 
     fmt = check_format("SelfTestResult", report.fmt)
     refuse_overwrite(
@@ -52,8 +52,8 @@ def register(app: typer.Typer) -> None:
         force: options.Force = False,
     ) -> None:
         """Inject faults into the HF engine and check the gate catches each."""
-        from gate.workflows.requests import DoctrineFlags
-        from gate.workflows.selftest import SelftestRequest
+        from gate.workflows.calibration.selftest import SelftestRequest
+        from gate.workflows.common.requests import DoctrineFlags
 
         request = SelftestRequest(
             model=model,

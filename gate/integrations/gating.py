@@ -1,6 +1,6 @@
 """One call from a candidate to a verdict, for the integrations: a candidate trace (a path
 or a `Trace`) or a loaded engine of the plugin contract (`gate.core.engine.Engine`),
-gated against the pin with the functions `gate run` uses (`gate.workflows.run`): the pin
+gated against the pin with the functions `gate run` uses (`gate.workflows.run.core`): the pin
 loaded and checked as `gate run` loads it, the pin's own doctrine with the caller's
 per-field overrides, the same adjudication. No second pipeline.
 """
@@ -18,8 +18,8 @@ from gate.core.verdict.doctrine import apply_overrides
 from gate.core.verdict.result import DEFECT, RATIFIED_PASS, GateResult
 from gate.errors import InputError
 from gate.reports._common import VERDICT_LABELS, why
-from gate.workflows.requests import DoctrineFlags
-from gate.workflows.run import RunOutcome, gate_against_pin, gate_trace_against_pin
+from gate.workflows.common.requests import DoctrineFlags
+from gate.workflows.run.core import RunOutcome, gate_against_pin, gate_trace_against_pin
 
 Candidate = str | os.PathLike[str] | Trace | Engine
 
@@ -120,7 +120,7 @@ def gate_engine_named(
     """Load the engine `engine` (a built-in name, an entry point or `module:Class`) for the
     pin's model (or the weights at `model_path`), gate it as `gate run --engine` does, close it."""
     from gate.engines.registry import load_engine
-    from gate.workflows.engine_calls import open_engine
+    from gate.workflows.common.engine_calls import open_engine
 
     flags = (overrides or Overrides()).overrides()
     apply_overrides({}, flags)

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str], log: RunnerLog) -> int
     from gate.core.verdict.diff import parse_report
     from gate.integrations.gating import Overrides, default_model, gate_candidate, gate_engine_named
     from gate.reports import render
-    from gate.workflows.diff import read_report
+    from gate.workflows.run.diff import read_report
 
     strict = flag(args.strict, "strict")
     try:

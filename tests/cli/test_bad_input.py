@@ -610,7 +610,7 @@ def test_unknown_engine_option(toy_registered: None) -> None:
 
 @pytest.mark.parametrize("pair", ["batch_size", "=8", " =8"])
 def test_engine_opt_without_key_value(pair: str) -> None:
-    from gate.workflows.requests import parse_engine_opts
+    from gate.workflows.common.requests import parse_engine_opts
 
     with pytest.raises(InputError, match="expected key=value"):
         parse_engine_opts([pair])

@@ -71,7 +71,7 @@ def test_every_command_says_its_exit_codes_and_no_stale_default() -> None:
 
 
 def test_the_invariance_help_names_every_cell() -> None:
-    from gate.workflows.invariance import CELLS
+    from gate.workflows.invariance.core import CELLS
 
     text = help_text("gate invariance").split("--schedules", 1)[1].split("--batch", 1)[0]
     assert [c for c in CELLS if c not in text] == []

@@ -19,9 +19,9 @@ import gate.cli.compare as compare_cli
 import gate.cli.run as run_cli
 from gate.cli.main import app
 from gate.cli.options import ReportTarget
-from gate.workflows.compare import CompareRequest
-from gate.workflows.requests import DoctrineFlags, EngineRequest
-from gate.workflows.run_request import RunRequest
+from gate.workflows.common.requests import DoctrineFlags, EngineRequest
+from gate.workflows.run.compare import CompareRequest
+from gate.workflows.run.request import RunRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 

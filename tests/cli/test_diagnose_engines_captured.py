@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gate.engines.registry import resolve
-from gate.workflows.diagnose import NAMED_KIND, PATHS_KIND, capture_kind
+from gate.workflows.diagnose.core import NAMED_KIND, PATHS_KIND, capture_kind
 
 
 def test_the_mlx_engine_is_captured_through_either_path() -> None:

@@ -196,7 +196,7 @@ def test_a_progress_file_of_the_same_run_is_replaced(
 
 def test_a_progress_file_is_marked_so_it_is_told_from_a_trace(world: dict[str, Path], tmp_path: Path) -> None:
     from gate.core.traces.trace import TraceHeader
-    from gate.workflows.progress import ProgressLog
+    from gate.workflows.common.progress import ProgressLog
 
     path = tmp_path / "run.partial.jsonl"
     log = ProgressLog.start(path, TraceHeader(role="candidate", model="m", top_k=0, engine={"name": "e"}))

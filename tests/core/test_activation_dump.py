@@ -227,7 +227,7 @@ def test_a_dump_file_is_checked_from_its_header_before_its_body_is_read(tmp_path
     import tracemalloc
     from pathlib import Path
 
-    from gate.workflows.activations import load_dump
+    from gate.workflows.diagnose.activations import load_dump
 
     path = Path(str(tmp_path)) / "big.safetensors"
     head = json.dumps({"a": F32_8}).encode()  # the header says 8 bytes of body; the file holds 1 GiB

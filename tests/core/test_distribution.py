@@ -294,7 +294,7 @@ def test_a_floor_missing_a_key_is_refused() -> None:
 
 
 def _rerun(name: str, positions: int, mean: float, p99: float, same: float) -> Any:
-    from gate.workflows.floor import HonestRerun
+    from gate.workflows.pins.floor import HonestRerun
 
     misses = round(positions * (1 - same))
     pts = [Point("p", i, "match", mean, i >= misses, 0.0, 4) for i in range(positions)]
@@ -305,7 +305,7 @@ def _rerun(name: str, positions: int, mean: float, p99: float, same: float) -> A
 
 
 def test_the_floor_is_the_worst_honest_rerun_and_says_how_it_was_measured() -> None:
-    from gate.workflows.floor import DEFAULT_MARGIN, floor_from
+    from gate.workflows.pins.floor import DEFAULT_MARGIN, floor_from
 
     fl = floor_from(
         [_rerun("vllm one at a time", 200, 0.5, 4.0, 0.99), _rerun("hf on cpu", 200, 1.5, 3.0, 0.995)], where="cpu:X"
@@ -318,7 +318,7 @@ def test_the_floor_is_the_worst_honest_rerun_and_says_how_it_was_measured() -> N
 
 
 def test_no_floor_from_too_few_positions_or_bit_identical_reruns() -> None:
-    from gate.workflows.floor import floor_from
+    from gate.workflows.pins.floor import floor_from
 
     assert floor_from([_rerun("short", MIN_POSITIONS - 1, 1.0, 2.0, 0.9)], where="x") is None
     assert floor_from([_rerun("identical", 500, 0.0, 0.0, 1.0)], where="x") is None

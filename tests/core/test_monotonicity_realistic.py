@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 def _record(engine: Any, pin: Any) -> Any:
-    from gate.workflows.run import force_diverged, run_candidate
+    from gate.workflows.run.core import force_diverged, run_candidate
 
     try:
         free = run_candidate(engine, pin)
@@ -40,7 +40,7 @@ def test_realistic_candidates_stay_failing_under_every_evidence_cut(tmp_path: Pa
     from gate.core.verdict.floor import Floor
     from gate.engines.hf.engine import HFEngine
     from gate.errors import InputError
-    from gate.workflows.mutants import (
+    from gate.workflows.calibration.mutants import (
         ConfinedRunnerUpHFEngine,
         DecodePositionShiftedHFEngine,
         KVQuantisedHFEngine,

@@ -22,7 +22,7 @@ from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import PromptRecord, TopLogprobs, Trace, encode_trace
 from gate.core.verdict.adjudicate import compare
 from gate.errors import EngineError, TraceError
-from gate.workflows.engine_calls import force_along
+from gate.workflows.common.engine_calls import force_along
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "goldens" / "HuggingFaceTB" / "SmolLM2-135M-Instruct" / "hf.jsonl"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.gate_cli import record_toy_pin, register_fake, run_fake
 
-from gate.workflows.guard import EngineTimeout, call_with_timeout
+from gate.workflows.common.guard import EngineTimeout, call_with_timeout
 
 
 @pytest.fixture(autouse=True)

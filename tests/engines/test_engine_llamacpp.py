@@ -132,7 +132,7 @@ def test_a_trace_header_names_the_gguf_without_this_machines_folders(
     from typing import cast
 
     from gate.core.pins.pin import Pin
-    from gate.workflows.run import candidate_header
+    from gate.workflows.run.core import candidate_header
 
     monkeypatch.setenv("HOME", str(tie_gguf.parent.parent))
     pin = cast(Pin, SimpleNamespace(model="tiny", suite=SimpleNamespace(sha256="0" * 64)))
@@ -233,7 +233,7 @@ def test_the_default_gguf_tokenizes_every_pinned_prompt_as_the_pin(default_q4: L
     """llama.cpp's tokenizer and the GGUF's chat template give the pin's prompt ids (text
     and chat prompts), and the default pin was dequantised from this very file."""
     from gate.core.pins.pin import load_pin
-    from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
+    from gate.workflows.common.provenance import check_prompt_tokens as check_prompt_ids
 
     pin = load_pin(default_q4.model_id, Path(__file__).parents[2] / "oracle_pins")
     check_prompt_ids(default_q4, pin)

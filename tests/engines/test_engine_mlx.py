@@ -380,7 +380,7 @@ def test_the_default_model_forced_decode_through_the_cache_equals_a_fresh_full_f
 @pytest.mark.slow
 def test_the_default_model_provenance_matches_the_pin(default_bf16: MLXEngine) -> None:
     from gate.core.pins.pin import load_pin
-    from gate.workflows.provenance import check_prompt_tokens, model_hashes
+    from gate.workflows.common.provenance import check_prompt_tokens, model_hashes
 
     pin = load_pin(default_bf16.model_id, Path(__file__).parents[2] / "oracle_pins")
     check_prompt_tokens(default_bf16, pin)

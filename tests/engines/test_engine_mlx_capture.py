@@ -21,7 +21,7 @@ from helpers.tiny_mlx import build_tiny_mlx_llama
 from gate.core.engine import CapturesActivations, CapturesPaths
 from gate.engines.mlx.engine import MLXEngine
 from gate.errors import InputError
-from gate.workflows.diagnose import PATHS_KIND, capture_kind
+from gate.workflows.diagnose.core import PATHS_KIND, capture_kind
 
 TEXT = "The capital of France is"
 FED = (72, 101, 108, 108, 111)

@@ -195,8 +195,8 @@ def default_fp32() -> Iterator[object]:
 @pytest.mark.slow
 def test_the_default_build_tokenizes_every_pinned_prompt_as_the_pin(default_fp32: object) -> None:
     from gate.core.pins.pin import load_pin
-    from gate.workflows.provenance import check_prompt_tokens as check_prompt_ids
-    from gate.workflows.provenance import model_hashes
+    from gate.workflows.common.provenance import check_prompt_tokens as check_prompt_ids
+    from gate.workflows.common.provenance import model_hashes
 
     pin = load_pin(default_fp32.model_id, Path(__file__).parents[2] / "oracle_pins")  # type: ignore[attr-defined]
     check_prompt_ids(default_fp32, pin)  # type: ignore[arg-type]

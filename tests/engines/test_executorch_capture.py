@@ -26,7 +26,7 @@ from gate.core.engine import CapturesActivations, PromptInput
 from gate.engines.executorch.cache import PTE_MANIFEST, PTE_NAME, program_dir, write_manifest
 from gate.engines.executorch.export import ETRECORD_NAME
 from gate.errors import EngineError, InputError
-from gate.workflows.diagnose import GIVEN, NAMED_KIND, Target, capture_kind, diagnose_engine
+from gate.workflows.diagnose.core import GIVEN, NAMED_KIND, Target, capture_kind, diagnose_engine
 
 pytestmark = pytest.mark.slow
 

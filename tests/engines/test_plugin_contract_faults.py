@@ -43,7 +43,7 @@ def test_a_failing_close_never_hides_the_plugins_own_error(tmp_path: Path) -> No
 @pytest.mark.parametrize("fails", [True, False])
 def test_open_engine_closes_once_and_keeps_the_bodys_error(fails: bool) -> None:
     from gate.errors import EngineError
-    from gate.workflows.engine_calls import open_engine
+    from gate.workflows.common.engine_calls import open_engine
 
     closed: list[int] = []
 
@@ -56,7 +56,7 @@ def test_open_engine_closes_once_and_keeps_the_bodys_error(fails: bool) -> None:
                 raise RuntimeError("close failed")
 
     with pytest.raises(EngineError, match="in generate: RuntimeError: boom"), open_engine(Engine, "e"):  # type: ignore[arg-type]
-        from gate.workflows.engine_calls import engine_call
+        from gate.workflows.common.engine_calls import engine_call
 
         engine_call("e", "generate", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     assert closed == [1]

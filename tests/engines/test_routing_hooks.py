@@ -30,7 +30,7 @@ from gate.core.traces.trace import PromptRecord, Trace, TraceHeader  # noqa: E40
 from gate.core.verdict.adjudicate import compare  # noqa: E402
 from gate.core.verdict.result import GateResult  # noqa: E402
 from gate.core.verdict.routing import attribute_routing, oracle_routing  # noqa: E402
-from gate.workflows.engine_calls import force_along  # noqa: E402
+from gate.workflows.common.engine_calls import force_along  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

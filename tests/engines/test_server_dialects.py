@@ -96,7 +96,7 @@ def test_the_runner_sends_a_server_engine_its_concurrency_of_prompts_at_once() -
     """With concurrency N the runner hands N prompts to one generate call, so N requests
     are in flight; handed one at a time, the pool would never run two."""
     from gate.engines.http.server import ServerEngine
-    from gate.workflows.engine_calls import batch_size_for
+    from gate.workflows.common.engine_calls import batch_size_for
 
     engine = ServerEngine.__new__(ServerEngine)
     engine.pool = BoundedPool(3, "t")

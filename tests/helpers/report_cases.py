@@ -17,8 +17,8 @@ from typing import Any
 
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.result import GateResult
-from gate.workflows.compare import CompareRequest, compare_traces
-from gate.workflows.requests import DoctrineFlags
+from gate.workflows.common.requests import DoctrineFlags
+from gate.workflows.run.compare import CompareRequest, compare_traces
 from helpers.free_forced_traces import floor_between, two_minded
 from helpers.generated_traces import DOCTRINES, build
 from helpers.pin_attacks import PIN, candidate, gap, oracle_dicts, own_step, raise_runner_up, resort, same, unit, write

@@ -46,7 +46,7 @@ def build_tiny_hybrid_pin(root: Path) -> tuple[Path, Path]:
     from gate.core.pins.pin import PinFolder, write_pin
     from gate.core.pins.suite import Suite, SuitePrompt
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows.pin_record import record_oracle
+    from gate.workflows.pins.record import record_oracle
     from helpers.tiny_models import build_tiny_qwen3_5_moe
 
     weights = build_tiny_qwen3_5_moe(root / "weights", seed=4, lm_head_scale=20.0, decay=(0.002, 0.05))
@@ -73,7 +73,7 @@ def build_tiny_pin(root: Path) -> tuple[Path, Path]:
     from gate.core.pins.pin import PinFolder, write_pin
     from gate.core.pins.suite import Suite, SuitePrompt
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows.pin_record import record_oracle
+    from gate.workflows.pins.record import record_oracle
     from helpers.tiny_models import build_tiny_llama
 
     weights = build_tiny_llama(root / "weights", seed=1, lm_head_scale=20.0)

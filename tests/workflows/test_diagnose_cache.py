@@ -1,4 +1,4 @@
-"""The diagnosis cache (gate.workflows.diagnose_cache): a second diagnosis of the same position
+"""The diagnosis cache (gate.workflows.diagnose.cache): a second diagnosis of the same position
 reads the reference and the honest band instead of loading and running two models, and finds
 what the first found; an entry is never read for other weights, another context or other
 settings (slow: tiny models, built and loaded here)."""
@@ -33,13 +33,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pat
 
 
 def target(context: tuple[int, ...] = CONTEXT, path: str = "decode") -> Any:
-    from gate.workflows.diagnose import Target
+    from gate.workflows.diagnose.core import Target
 
     return Target("p", len(context) - len(PROMPT), "given", path, PROMPT, context)
 
 
 def diagnosed(engine: Any, model: Path, t: Any = None, *, cache: bool = True, **kw: Any) -> Any:
-    from gate.workflows.diagnose import capturer_for, diagnose_candidate
+    from gate.workflows.diagnose.core import capturer_for, diagnose_candidate
 
     t = t or target()
     return diagnose_candidate(capturer_for(engine), {"name": "c"}, t, str(model), cache=cache, **kw)
@@ -59,7 +59,7 @@ def test_a_second_diagnosis_reads_the_cache_loads_nothing_and_finds_the_same(
     from helpers.planted_engines import AttentionBug
 
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows import diagnose
+    from gate.workflows.diagnose import core as diagnose
 
     monkeypatch.setenv("GATE_DIAGNOSE_CACHE_DIR", str(tmp_path))
     a = models[0]
@@ -87,7 +87,7 @@ def test_a_second_diagnosis_reads_the_cache_loads_nothing_and_finds_the_same(
 def test_an_entry_is_never_read_for_other_weights_even_put_in_their_place(
     models: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gate.workflows import diagnose_cache
+    from gate.workflows.diagnose import cache as diagnose_cache
 
     monkeypatch.setenv("GATE_DIAGNOSE_CACHE_DIR", str(tmp_path))
     a, b = models
@@ -112,7 +112,7 @@ def test_any_change_of_an_input_is_another_entry(
 ) -> None:
     import torch
 
-    from gate.workflows import diagnose_cache
+    from gate.workflows.diagnose import cache as diagnose_cache
 
     monkeypatch.setenv("GATE_DIAGNOSE_CACHE_DIR", str(tmp_path))
     folder = tmp_path / "model"
@@ -150,7 +150,7 @@ def test_an_unreadable_entry_is_a_miss_and_is_computed_again(
     models: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows import diagnose_cache
+    from gate.workflows.diagnose import cache as diagnose_cache
 
     monkeypatch.setenv("GATE_DIAGNOSE_CACHE_DIR", str(tmp_path))
     a = models[0]

@@ -13,7 +13,7 @@ import pytest
 from gate.core.diagnosis.capture import DECODE, PREFILL
 from gate.engine import CapturesActivations
 from gate.errors import EngineError, InputError
-from gate.workflows.diagnose import (
+from gate.workflows.diagnose.core import (
     NAMED_KIND,
     PATHS_KIND,
     NamedActivations,

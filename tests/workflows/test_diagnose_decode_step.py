@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gate.core.diagnosis.capture import Capture
-from gate.workflows.diagnose import Target, decode_prompt, diagnose
+from gate.workflows.diagnose.core import Target, decode_prompt, diagnose
 
 PROMPT = (1, 2, 3, 4)
 

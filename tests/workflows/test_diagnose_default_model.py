@@ -19,7 +19,7 @@ def default() -> Iterator[tuple[str, Any, Any, Any]]:
 
     from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL, GGUF_DISTRIBUTION, resolve_model_path
-    from gate.workflows.diagnose import reference_engines, target_given
+    from gate.workflows.diagnose.core import reference_engines, target_given
 
     require_distribution(GGUF_DISTRIBUTION, "the default model's GGUF")
     path = resolve_model_path(DEFAULT_MODEL)
@@ -30,7 +30,7 @@ def default() -> Iterator[tuple[str, Any, Any, Any]]:
 
 def run(default: tuple[str, Any, Any, Any], engine: Any) -> Any:
     from gate.engines.hf.capture import capture_hf
-    from gate.workflows.diagnose import capturer_for, diagnose
+    from gate.workflows.diagnose.core import capturer_for, diagnose
 
     _, target, ref, hon = default
     return diagnose(
@@ -52,7 +52,7 @@ def test_a_planted_attention_bug_in_layer_9_is_located_there(default: tuple[str,
 
 
 def test_the_skip_layer_mutant_is_located_at_its_layer(default: tuple[str, Any, Any, Any]) -> None:
-    from gate.workflows.mutants import LayerSkippedHFEngine
+    from gate.workflows.calibration.mutants import LayerSkippedHFEngine
 
     d = run(default, LayerSkippedHFEngine(default[0]))
     assert d.finding.first is not None and d.finding.first.layer == 15, d.summary

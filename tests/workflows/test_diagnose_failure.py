@@ -15,7 +15,7 @@ from gate.core.diagnosis.record import Diagnosis, GateFailure, LayerError, PathF
 from gate.core.pins.pin import load_pin
 from gate.core.traces.reader import read_trace
 from gate.core.verdict.result import DEFECT, FAIL
-from gate.workflows.diagnose_failure import DISTRIBUTION, failure_of
+from gate.workflows.diagnose.failure import DISTRIBUTION, failure_of
 
 
 def test_a_failure_by_the_distribution_alone_points_to_its_largest_kl(

@@ -21,7 +21,7 @@ def setup() -> Iterator[tuple[Any, Any, Any, Any]]:
 
     from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL, GGUF_DISTRIBUTION, resolve_model_path
-    from gate.workflows.diagnose import reference_engines, target_given
+    from gate.workflows.diagnose.core import reference_engines, target_given
 
     require_distribution(GGUF_DISTRIBUTION, "the default model's GGUF")
     path = resolve_model_path(DEFAULT_MODEL)
@@ -69,7 +69,7 @@ class _KVEvictionBug:
 def test_a_llamacpp_kv_cache_bug_is_located_on_the_decode_path_only(setup: tuple[Any, Any, Any, Any]) -> None:
     from gate.engines.llamacpp.engine import LlamaCppEngine
     from gate.models.default import DEFAULT_MODEL
-    from gate.workflows.diagnose import diagnose_engine
+    from gate.workflows.diagnose.core import diagnose_engine
 
     path, t, _, _ = setup
     bug = type("PlantedLlamaCpp", (_KVEvictionBug, LlamaCppEngine), {})(DEFAULT_MODEL, preflight="false")

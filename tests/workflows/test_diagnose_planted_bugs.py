@@ -28,7 +28,7 @@ def threads() -> Iterator[None]:
 def llama(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any]]:
     from helpers.tiny_models import build_tiny_llama
 
-    from gate.workflows.diagnose import reference_engines
+    from gate.workflows.diagnose.core import reference_engines
 
     path = build_tiny_llama(tiny_models_dir / "diagnose-llama", seed=5, lm_head_scale=20.0)
     with reference_engines(str(path)) as (ref, hon):
@@ -39,7 +39,7 @@ def llama(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any
 def moe(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any]]:
     from helpers.tiny_models import build_tiny_qwen3_moe
 
-    from gate.workflows.diagnose import reference_engines
+    from gate.workflows.diagnose.core import reference_engines
 
     path = build_tiny_qwen3_moe(tiny_models_dir / "diagnose-moe", seed=5, lm_head_scale=20.0)
     with reference_engines(str(path)) as (ref, hon):
@@ -48,7 +48,7 @@ def moe(tiny_models_dir: Path, threads: None) -> Iterator[tuple[Path, Any, Any]]
 
 def run(setup: tuple[Path, Any, Any], engine: Any, path: str = "decode") -> Any:
     from gate.engines.hf.capture import capture_hf
-    from gate.workflows.diagnose import Target, capturer_for, diagnose
+    from gate.workflows.diagnose.core import Target, capturer_for, diagnose
 
     _, ref, hon = setup
     target = Target("p", len(CONTEXT) - len(PROMPT), "given", path, PROMPT, CONTEXT)
@@ -105,7 +105,7 @@ def test_a_decode_only_bug_is_located_on_the_decode_path_only(llama: tuple[Path,
 
 
 def test_the_selftest_skip_layer_mutant_is_located_at_its_layer(llama: tuple[Path, Any, Any]) -> None:
-    from gate.workflows.mutants import LayerSkippedHFEngine
+    from gate.workflows.calibration.mutants import LayerSkippedHFEngine
 
     d = run(llama, LayerSkippedHFEngine(str(llama[0]), layer=1))
     assert located(d) == (1, "residual"), d.summary
@@ -146,7 +146,7 @@ def test_honest_engines_under_every_forceable_isa_path_are_located_nowhere(llama
     torch loads), against this process's reference and band: the margin's premise."""
     from gate.core.diagnosis.locate import compare_path
     from gate.engines.hf.capture import capture_hf
-    from gate.workflows.diagnose_variants import HONEST_VARIANTS, capture_in_subprocess
+    from gate.workflows.diagnose.variants import HONEST_VARIANTS, capture_in_subprocess
 
     path, ref, hon = llama
     worst = {}

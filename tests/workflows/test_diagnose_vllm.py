@@ -34,7 +34,7 @@ def faulty_copy(clean: Path, folder: Path) -> Path:
 
 def diagnosed(weights: Path, reference: Path) -> Any:
     from gate.engines.vllm.engine import VLLMEngine
-    from gate.workflows.diagnose import Target, diagnose_engine
+    from gate.workflows.diagnose.core import Target, diagnose_engine
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = VLLMEngine(str(weights), max_model_len=256)

@@ -32,7 +32,7 @@ def matrix(tiny: tuple[Path, Path]) -> InvarianceResult:
     from helpers.tiny_pin import MODEL, one_thread
 
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows.invariance import InvariancePlan, run_invariance
+    from gate.workflows.invariance.core import InvariancePlan, run_invariance
 
     weights, pins = tiny
     pin = load_pin(MODEL, pins)
@@ -78,7 +78,7 @@ def test_a_batch_of_one_is_the_one_prompt_loop(tiny: tuple[Path, Path]) -> None:
     from helpers.tiny_pin import MODEL, one_thread
 
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows.run import prompt_inputs
+    from gate.workflows.run.core import prompt_inputs
 
     weights, pins = tiny
     prompts = prompt_inputs(load_pin(MODEL, pins))[:3]

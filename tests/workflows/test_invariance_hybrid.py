@@ -31,7 +31,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pat
 def matrix(hybrid: tuple[Path, Path], cls: Any, cells: tuple[str, ...] | None = None) -> InvarianceResult:
     from helpers.tiny_pin import HYBRID_MODEL, one_thread
 
-    from gate.workflows.invariance import CELLS, InvariancePlan, run_invariance
+    from gate.workflows.invariance.core import CELLS, InvariancePlan, run_invariance
 
     weights, pins = hybrid
     pin = load_pin(HYBRID_MODEL, pins)

@@ -28,7 +28,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
 def matrix(tiny: tuple[Path, Path], cls: Any, loaded: list[Any]) -> InvarianceResult:
     from helpers.tiny_pin import MODEL, one_thread
 
-    from gate.workflows.invariance import InvariancePlan, run_invariance
+    from gate.workflows.invariance.core import InvariancePlan, run_invariance
 
     weights, pins = tiny
     pin = load_pin(MODEL, pins)

@@ -24,8 +24,8 @@ def test_llama_servers_prompt_cache_is_a_cell_against_its_cold_baseline() -> Non
     from gate.engines.http.llama_server import LlamaServerEngine
     from gate.engines.registry import load_engine
     from gate.models.default import DEFAULT_MODEL
-    from gate.workflows.invariance import InvariancePlan, run_invariance
-    from gate.workflows.run import shard_pin
+    from gate.workflows.invariance.core import InvariancePlan, run_invariance
+    from gate.workflows.run.core import shard_pin
 
     full = load_pin(DEFAULT_MODEL)
     pin = shard_pin(full, [r.id for r in full.trace.records[:4]])

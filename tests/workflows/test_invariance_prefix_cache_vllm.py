@@ -58,7 +58,7 @@ def short_pin(pin: Pin, ids: tuple[str, ...], n: int) -> Pin:
 
 def test_vllm_prefix_cache_is_hit_and_the_cell_is_invariant() -> None:
     from gate.engines.vllm.engine import VLLMEngine
-    from gate.workflows.invariance import InvariancePlan, run_invariance
+    from gate.workflows.invariance.core import InvariancePlan, run_invariance
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     pin = short_pin(load_pin(DEFAULT_MODEL, None), (*LONG, *SHORT), N_TOKENS)

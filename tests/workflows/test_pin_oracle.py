@@ -13,7 +13,7 @@ from helpers.gate_cli import TOY_MODEL, invoke, record_toy_pin, register_fake, r
 
 from gate.core.pins.oracle_settings import OracleSettings
 from gate.errors import InputError
-from gate.workflows.pin_record import with_oracle
+from gate.workflows.pins.record import with_oracle
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""`gate pin reference` (`gate.workflows.pin_reference`): the float32 reference's lists are
+"""`gate pin reference` (`gate.workflows.pins.reference`): the float32 reference's lists are
 added to a pin, the oracle's own fields stay value for value, the pin's digest does not move,
 the floor goes into both copies of the doctrine, and a second run needs --force. A tiny
 random Llama pin recorded by the HF engine (tests/helpers/tiny_pin.py)."""
@@ -25,7 +25,7 @@ def test_adding_the_reference_keeps_the_oracle_and_judges_against_float32(tmp_pa
     from gate.core.verdict.floor import Floor
     from gate.core.verdict.reference import REFERENCE_KEY, reference_of
     from gate.errors import PinError
-    from gate.workflows.pin_reference import add_reference
+    from gate.workflows.pins.reference import add_reference
 
     with one_thread():
         weights, pins = build_tiny_pin(tmp_path)

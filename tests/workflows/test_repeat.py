@@ -10,7 +10,7 @@ import pytest
 from helpers.gate_cli import register_fake, run_fake
 
 from gate.core.traces.trace import PromptRecord
-from gate.workflows.run import nondeterminism
+from gate.workflows.run.core import nondeterminism
 
 
 @pytest.fixture(autouse=True)

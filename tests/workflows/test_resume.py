@@ -21,7 +21,7 @@ import pytest
 from helpers.gate_cli import TOY_MODEL, register_fake, run_fake
 
 from gate.core.traces.reader import read_trace
-from gate.workflows.progress import default_progress_path
+from gate.workflows.common.progress import default_progress_path
 
 # A mutation with exact ties everywhere a quarter of positions tie: the report has
 # free-run and forced divergences, so "equal reports" compares something.

@@ -19,8 +19,8 @@ from gate.core.pins.diff import exact_top2_ties
 from gate.core.pins.pin import load_pin
 from gate.core.traces.reader import read_trace
 from gate.core.verdict.doctrine import Doctrine
-from gate.workflows.engine_calls import batch_size_for
-from gate.workflows.run import Timings, add_token_texts, diverged, force_diverged, gate_against_pin, run_candidate
+from gate.workflows.common.engine_calls import batch_size_for
+from gate.workflows.run.core import Timings, add_token_texts, diverged, force_diverged, gate_against_pin, run_candidate
 
 
 @pytest.fixture(autouse=True)
@@ -439,7 +439,7 @@ def test_a_bad_threshold_fails_before_the_engine_loads(pins: Path) -> None:
 def test_model_hashes_from_info_manifest_or_a_small_folder(tmp_path: Path) -> None:
     from gate.models.default import MANIFEST
     from gate.models.hashing import tokenizer_sha256, weights_sha256
-    from gate.workflows.provenance import model_hashes
+    from gate.workflows.common.provenance import model_hashes
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -1,8 +1,8 @@
 """Self-test by mutation, the records and the judging: does the gate catch faults
 injected into an engine, and as what?
 
-The run is `gate.workflows.selftest`; the faults themselves live with the engines
-(`gate.workflows.mutants`) and arrive as `Mutation`s that build an engine. No torch here.
+The run is `gate.workflows.calibration.selftest`; the faults themselves live with the engines
+(`gate.workflows.calibration.mutants`) and arrive as `Mutation`s that build an engine. No torch here.
 
 For a pin, the unmutated engine first records a *reference*: its own free run over the
 pinned prompts, taken as an oracle trace. Each mutated engine then runs the same prompts

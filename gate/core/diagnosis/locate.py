@@ -27,7 +27,7 @@ class HonestPoint:
 class HonestBand:
     """The honest engine's errors against the reference on one path, point by point (module
     name -> HonestPoint): all of the honest capture that `compare_path` reads, small enough
-    to keep (gate.workflows.diagnose_cache)."""
+    to keep (gate.workflows.diagnose.cache)."""
 
     path: str
     points: Mapping[str, HonestPoint]

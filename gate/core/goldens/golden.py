@@ -19,7 +19,7 @@ the oracle's context there (its tokens before that position are the oracle's):
 
 This module is the golden files (locating, provenance, the header, reading against the
 pin); judging the moves is `gate.core.goldens.moves`, and the runs are
-`gate.workflows.goldens`. No engine, no printing, no torch.
+`gate.workflows.goldens.core`. No engine, no printing, no torch.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def golden_header(
 ) -> TraceHeader:
     """A golden's header: the engine's own `info()` (name, version, options, ...), the
     options given on the command line, device, dtype, hashes, gate's commit (`git`:
-    `gate.workflows.provenance.project_commit` reads it) and the pin.
+    `gate.workflows.common.provenance.project_commit` reads it) and the pin.
     Paths are said without this machine's folders (`gate.core.storage.files.portable`)."""
     engine = portable({k: v for k, v in info.items() if k not in _LOCAL_INFO_KEYS})
     engine.setdefault("name", "unknown")

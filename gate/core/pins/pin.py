@@ -11,7 +11,7 @@ A pin folder is `oracle_pins/<org>/<model>/` and holds:
 
 A folder may hold a suite and settings but no `pin.jsonl` yet (a model too large to record
 here): `gate run` then says so and prints the command that records it. Nothing here runs
-an engine; `gate.workflows.pin_record` does.
+an engine; `gate.workflows.pins.record` does.
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ def oracle_header(
 ) -> TraceHeader:
     """The pin's header: the engine's own provenance plus what gate knows about the run.
     `software` is what the recording machine runs (`engine_version`, `versions`, `platform`:
-    `gate.workflows.provenance.software_environment` reads them; the core reads no platform).
+    `gate.workflows.common.provenance.software_environment` reads them; the core reads no platform).
     Paths are said without this machine's folders (`gate.core.storage.files.portable`)."""
     engine = portable(dict(info))
     moe = engine.pop("moe", None)  # MoE routing recorded: a header block (docs/guides/moe-routing.md)

@@ -70,7 +70,7 @@ _KIND_BYTES = 1024 * 1024
 # A first line longer than _KIND_BYTES (a pin's header with the hashes of a large suite's
 # prompts) is read on to its end, up to this: a trace reader's own limit on a line.
 MAX_KIND_LINE_BYTES = 256 * 1024 * 1024
-# The key only a progress file's header carries (gate.workflows.progress).
+# The key only a progress file's header carries (gate.workflows.common.progress).
 PROGRESS_KEY = "gate_progress"
 _LEGACY_PROGRESS_SUFFIX = ".partial.jsonl"
 # The keys oracle.json may hold (its reader refuses any other).

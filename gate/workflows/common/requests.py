@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gate.errors import InputError
-from gate.workflows.progress import QUIET, Progress
+from gate.workflows.common.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from gate.core.engine import Engine

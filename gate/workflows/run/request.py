@@ -1,5 +1,5 @@
 """`gate run` as one request: its options collected once (`RunRequest`), checked, and carried
-out against the pin, either by running a candidate engine (`gate.workflows.run.gate_run`)
+out against the pin, either by running a candidate engine (`gate.workflows.run.core.gate_run`)
 or by adjudicating a trace the candidate wrote itself (`--candidate-trace`).
 
 No printing: what the person should read goes to `say`, the progress to `display`.
@@ -17,9 +17,9 @@ from gate.core.traces.shards import parse_shard
 from gate.core.traces.trace import write_trace
 from gate.core.verdict.doctrine import Doctrine
 from gate.errors import InputError
-from gate.workflows.engine_calls import open_engine
-from gate.workflows.progress import PROGRESS_SUFFIX, check_progress_target, default_progress_path
-from gate.workflows.requests import (
+from gate.workflows.common.engine_calls import open_engine
+from gate.workflows.common.progress import PROGRESS_SUFFIX, check_progress_target, default_progress_path
+from gate.workflows.common.requests import (
     DoctrineFlags,
     EngineRequest,
     ProgressDisplay,
@@ -28,7 +28,7 @@ from gate.workflows.requests import (
     no_progress,
     silent,
 )
-from gate.workflows.run import RunOutcome, RunPlan, Timings, gate_run, gate_trace_against_pin
+from gate.workflows.run.core import RunOutcome, RunPlan, Timings, gate_run, gate_trace_against_pin
 
 
 @dataclass(frozen=True, slots=True)

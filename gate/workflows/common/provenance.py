@@ -23,7 +23,7 @@ from gate.core.storage.files import REPO_ROOT
 from gate.errors import InputError, PinError
 from gate.models import hashing
 from gate.models.default import MANIFEST
-from gate.workflows.engine_calls import engine_call
+from gate.workflows.common.engine_calls import engine_call
 
 # Provenance that must agree between pin and candidate when both carry it: the same
 # weights and tokenizer, or the gate compares two different models.

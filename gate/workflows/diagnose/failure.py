@@ -16,7 +16,7 @@ from gate.core.verdict.distribution import Point as DistributionPoint
 from gate.core.verdict.distribution import points as distribution_points
 from gate.core.verdict.result import DEFECT, FAIL, GateResult
 from gate.text import plural
-from gate.workflows.diagnose import Target, target_given, target_of_result
+from gate.workflows.diagnose.core import Target, target_given, target_of_result
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin

@@ -61,11 +61,11 @@ from gate.core.verdict.invariance import (
     pin_verdict,
 )
 from gate.errors import EngineError, InputError
-from gate.workflows.engine_calls import batch_size_for, engine_call, generate, open_engine
-from gate.workflows.guard import GuardedEngine, vocab_size_of
-from gate.workflows.progress import QUIET, Progress
-from gate.workflows.provenance import check_prompt_tokens, check_provenance, model_hashes
-from gate.workflows.run import add_token_texts, candidate_header, prompt_inputs, shard_pin
+from gate.workflows.common.engine_calls import batch_size_for, engine_call, generate, open_engine
+from gate.workflows.common.guard import GuardedEngine, vocab_size_of
+from gate.workflows.common.progress import QUIET, Progress
+from gate.workflows.common.provenance import check_prompt_tokens, check_provenance, model_hashes
+from gate.workflows.run.core import add_token_texts, candidate_header, prompt_inputs, shard_pin
 
 CELLS = (
     "repeat",

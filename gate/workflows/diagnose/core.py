@@ -11,7 +11,7 @@ prefill, `forced_mode` "prefill": one prefill over the context):
 - the candidate, captured through its capability protocol (gate.core.engine): `capture_path`
   through either path (the built-in hf, llamacpp and vllm engines), or its own named
   activations: an engine with `capture_activations` (`CapturesActivations`: one pass over the
-  context, the prefill path) or a dump file (gate.workflows.activations); both are checked by
+  context, the prefill path) or a dump file (gate.workflows.diagnose.activations); both are checked by
   one function (gate.core.diagnosis.dump.named_capture).
 The other path is run too (for a built-in capture), to say which of the two shows the deviation.
 """
@@ -256,7 +256,7 @@ def capturer_for(engine: Any) -> Capturer | NamedActivations:
     kind = capture_kind(engine)
     if kind == NAMED_KIND:
         where = f"engine {getattr(engine, 'name', type(engine).__name__)!r} capture_activations"
-        from gate.workflows.engine_calls import engine_call
+        from gate.workflows.common.engine_calls import engine_call
 
         def fetch(ids: Sequence[int], names: Sequence[str]) -> Mapping[str, Any]:
             call = lambda: engine.capture_activations(list(ids), list(names))  # noqa: E731
@@ -339,8 +339,8 @@ def diagnose_candidate(
     tests/workflows/test_diagnose_reference_once.py), while its decode path costs a forward
     per context token. With `cache`, the reference and the honest band are read from gate's
     cache when an earlier diagnosis computed them from the same inputs
-    (gate.workflows.diagnose_cache), and kept there when computed."""
-    from gate.workflows import diagnose_cache
+    (gate.workflows.diagnose.cache), and kept there when computed."""
+    from gate.workflows.diagnose import cache as diagnose_cache
 
     clock = timings or Timings()
     named = isinstance(candidate, NamedActivations)

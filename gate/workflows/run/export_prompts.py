@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 
 from gate.core.pins.pin import load_pin
-from gate.workflows.requests import default_model
-from gate.workflows.run import prompt_inputs
+from gate.workflows.common.requests import default_model
+from gate.workflows.run.core import prompt_inputs
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.distribution import MIN_POSITIONS, Figures
 from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.floor import Floor
-from gate.workflows.engine_calls import engine_call, force_along, generate
+from gate.workflows.common.engine_calls import engine_call, force_along, generate
 
 # The factor a run may exceed a floor measured here by. Wider than the default pin's 1.2
 # (docs/studies/doctrine-study.md: 12 honest variants on three machine kinds): two re-runs on

@@ -26,9 +26,9 @@ from gate.core.pins.pin import Pin, doctrine_for, load_pin
 from gate.core.traces.trace import PromptRecord, Trace
 from gate.core.verdict.adjudicate import compare
 from gate.core.verdict.doctrine import Doctrine
-from gate.workflows.engine_calls import engine_call, force_along, open_engine
-from gate.workflows.progress import QUIET, Progress
-from gate.workflows.requests import (
+from gate.workflows.common.engine_calls import engine_call, force_along, open_engine
+from gate.workflows.common.progress import QUIET, Progress
+from gate.workflows.common.requests import (
     DoctrineFlags,
     ProgressDisplay,
     Say,
@@ -37,7 +37,7 @@ from gate.workflows.requests import (
     parse_engine_opts,
     silent,
 )
-from gate.workflows.run import run_candidate
+from gate.workflows.run.core import run_candidate
 
 
 def _forced(
@@ -148,7 +148,7 @@ class SelftestRequest:
 def selftest_request(
     request: SelftestRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
 ) -> SelfTestResult:
-    from gate.workflows.mutants import baseline_loader, mutations
+    from gate.workflows.calibration.mutants import baseline_loader, mutations
 
     opts = parse_engine_opts(request.engine_opts)
     pin = load_pin(request.pin_model(), request.pins_dir)

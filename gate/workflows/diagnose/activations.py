@@ -31,7 +31,7 @@ from gate.core.diagnosis.dump import (
     tensors_of,
 )
 from gate.errors import InputError
-from gate.workflows.diagnose import NamedActivations, Target, target_given
+from gate.workflows.diagnose.core import NamedActivations, Target, target_given
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin

@@ -1,5 +1,5 @@
 """`gate invariance` as one request: the candidate against itself under schedules
-(`gate.workflows.invariance`), its engine loaded once per set of options."""
+(`gate.workflows.invariance.core`), its engine loaded once per set of options."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from gate.core.engine import Engine
 from gate.core.pins.pin import doctrine_for, load_pin
 from gate.core.verdict.invariance import InvarianceResult
-from gate.workflows.invariance import InvariancePlan, parse_cells, run_invariance
-from gate.workflows.requests import DoctrineFlags, EngineRequest, ProgressDisplay, default_model, no_progress
+from gate.workflows.common.requests import DoctrineFlags, EngineRequest, ProgressDisplay, default_model, no_progress
+from gate.workflows.invariance.core import InvariancePlan, parse_cells, run_invariance
 
 
 @dataclass(frozen=True, slots=True)

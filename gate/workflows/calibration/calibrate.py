@@ -20,10 +20,10 @@ from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import Trace, write_trace
 from gate.core.verdict.doctrine import Doctrine, header_doctrine, resolve_doctrine
 from gate.errors import InputError
-from gate.workflows.engine_calls import open_engine
-from gate.workflows.progress import QUIET, Progress
-from gate.workflows.requests import EngineRequest, ProgressDisplay, Say, default_model, no_progress, silent
-from gate.workflows.run import gate_against_pin
+from gate.workflows.common.engine_calls import open_engine
+from gate.workflows.common.progress import QUIET, Progress
+from gate.workflows.common.requests import EngineRequest, ProgressDisplay, Say, default_model, no_progress, silent
+from gate.workflows.run.core import gate_against_pin
 
 
 def candidate_trace(pin: Pin, load: Callable[[], Engine], name: str, *, progress: Progress = QUIET) -> Trace:

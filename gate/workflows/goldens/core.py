@@ -26,10 +26,16 @@ from gate.core.verdict.doctrine import Doctrine
 from gate.core.verdict.evidence import run_drift
 from gate.core.verdict.grid import grid_step
 from gate.errors import PinError
-from gate.workflows.engine_calls import decode_tokens, engine_call
-from gate.workflows.progress import QUIET, Progress
-from gate.workflows.provenance import HASH_KEYS, check_prompt_tokens, check_provenance, model_hashes, project_commit
-from gate.workflows.run import run_candidate
+from gate.workflows.common.engine_calls import decode_tokens, engine_call
+from gate.workflows.common.progress import QUIET, Progress
+from gate.workflows.common.provenance import (
+    HASH_KEYS,
+    check_prompt_tokens,
+    check_provenance,
+    model_hashes,
+    project_commit,
+)
+from gate.workflows.run.core import run_candidate
 
 
 def check_golden_provenance(golden: Trace, info: Mapping[str, Any], engine_name: str) -> None:

@@ -1,5 +1,5 @@
 """`gate diagnose` as one request: the target found (named on the command line, or the
-first defect of a gate run first), the candidate loaded, and `gate.workflows.diagnose`
+first defect of a gate run first), the candidate loaded, and `gate.workflows.diagnose.core`
 run on it against the reference weights; or, for an engine gate does not drive, its context
 emitted and its dump of activations diagnosed (`diagnose_activations`).
 
@@ -16,7 +16,9 @@ from gate.core.diagnosis.dump import ActivationContext
 from gate.core.diagnosis.record import Diagnosis
 from gate.core.pins.pin import doctrine_for, load_pin
 from gate.errors import InputError
-from gate.workflows.diagnose import (
+from gate.workflows.common.engine_calls import open_engine
+from gate.workflows.common.requests import EngineRequest, ProgressDisplay, Say, default_model, no_progress, silent
+from gate.workflows.diagnose.core import (
     Target,
     capture_target,
     check_capturable,
@@ -24,10 +26,8 @@ from gate.workflows.diagnose import (
     diagnose_engine,
     target_given,
 )
-from gate.workflows.diagnose_failure import failure_of
-from gate.workflows.engine_calls import open_engine
-from gate.workflows.requests import EngineRequest, ProgressDisplay, Say, default_model, no_progress, silent
-from gate.workflows.run import RunPlan, gate_run
+from gate.workflows.diagnose.failure import failure_of
+from gate.workflows.run.core import RunPlan, gate_run
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +123,8 @@ def diagnose_activations(
     the files of the reference model's folder (inputs, never written over, --force or not):
     the caller refuses there a file it would write over."""
     from gate.models.default import resolve_model_path
-    from gate.workflows.activations import check_dump, dump_candidate, dump_target, load_dump
-    from gate.workflows.activations import emit_context as context_of
+    from gate.workflows.diagnose.activations import check_dump, dump_candidate, dump_target, load_dump
+    from gate.workflows.diagnose.activations import emit_context as context_of
 
     emit_context, candidate_activations = request.emit_context, request.candidate_activations
     prompt, position, path = request.prompt, request.position, request.path

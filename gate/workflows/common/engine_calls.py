@@ -25,8 +25,8 @@ from gate.core.traces.moe import FORCED_ROUTED_EXPERTS, FORCED_ROUTER_TOP
 from gate.core.traces.trace import EVIDENCE_KEYS, FORCED_MODES, PromptRecord, TopList, Trace
 from gate.core.traces.validate import check_forced_top, check_top_logprobs
 from gate.errors import EngineError, GateError, TraceError
-from gate.workflows.guard import EngineTimeout
-from gate.workflows.progress import QUIET, Progress
+from gate.workflows.common.guard import EngineTimeout
+from gate.workflows.common.progress import QUIET, Progress
 
 T = TypeVar("T")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from gate.core.traces.reader import read_trace
 from gate.core.verdict.result import GateResult
-from gate.workflows.judge import judge, oracle_doctrine
-from gate.workflows.requests import DoctrineFlags
+from gate.workflows.common.requests import DoctrineFlags
+from gate.workflows.run.judge import judge, oracle_doctrine
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,11 +51,11 @@ SOURCES = (
     "gate.core.diagnosis.capture",
     "gate.core.diagnosis.locate",
     "gate.core.diagnosis.metric",
-    "gate.workflows.diagnose",
-    "gate.workflows.diagnose_cache",
+    "gate.workflows.diagnose.core",
+    "gate.workflows.diagnose.cache",
 )
 # Variables torch and oneDNN read at start-up to choose their kernels (the honest variants of
-# gate.workflows.diagnose_variants): another kernel is another band.
+# gate.workflows.diagnose.variants): another kernel is another band.
 ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS")
 
 

@@ -38,7 +38,7 @@ from gate.core.verdict.result import GateResult
 from gate.core.verdict.routing import oracle_routing
 from gate.core.verdict.run_record import Interruption, RunRecord
 from gate.errors import EngineError, InputError, Interrupted
-from gate.workflows.engine_calls import (
+from gate.workflows.common.engine_calls import (
     batch_size_for,
     diverged_ids,
     engine_call,
@@ -46,10 +46,10 @@ from gate.workflows.engine_calls import (
     generate,
     late_info,
 )
-from gate.workflows.guard import GuardedEngine, vocab_size_of
-from gate.workflows.judge import judge
-from gate.workflows.progress import QUIET, Progress, ProgressLog
-from gate.workflows.provenance import HASH_KEYS, check_prompt_tokens, check_provenance, model_hashes
+from gate.workflows.common.guard import GuardedEngine, vocab_size_of
+from gate.workflows.common.progress import QUIET, Progress, ProgressLog
+from gate.workflows.common.provenance import HASH_KEYS, check_prompt_tokens, check_provenance, model_hashes
+from gate.workflows.run.judge import judge
 
 # How many changed positions a nondeterminism message lists.
 _SHOWN = 5

@@ -25,11 +25,11 @@ from gate.core.traces.validate import check_top_logprobs
 from gate.core.verdict.doctrine import header_doctrine, resolve_doctrine
 from gate.errors import EngineError, GateError, InputError, TraceError, UnsupportedArchitecture
 from gate.text import plural
-from gate.workflows.engine_calls import engine_call, engine_name, generate, open_engine, plain_top
-from gate.workflows.floor import HonestRerun, engine_rerun, floor_from, oracle_rerun, with_floor
-from gate.workflows.progress import QUIET, Progress
-from gate.workflows.provenance import oracle_hashes, software_environment
-from gate.workflows.requests import Say, parse_engine_opts, silent
+from gate.workflows.common.engine_calls import engine_call, engine_name, generate, open_engine, plain_top
+from gate.workflows.common.progress import QUIET, Progress
+from gate.workflows.common.provenance import oracle_hashes, software_environment
+from gate.workflows.common.requests import Say, parse_engine_opts, silent
+from gate.workflows.pins.floor import HonestRerun, engine_rerun, floor_from, oracle_rerun, with_floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ def record_pin(request: PinRecordRequest, *, say: Say = silent) -> Path:
     else:
         say("honest floor: not measured (--no-floor); the pin is judged without the distribution verdict")
     if settings.doctrine.get("reference_floor") is not None:
-        from gate.workflows.pin_reference import record_reference
+        from gate.workflows.pins.reference import record_reference
 
         say("float32 reference: recording it (the doctrine's reference_floor judges candidates against it)")
         trace = record_reference(trace, source_model)

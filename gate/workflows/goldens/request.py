@@ -1,5 +1,5 @@
 """`gate goldens record` and `gate goldens check` as requests: the pin and the golden file
-found, the engine loaded, the golden recorded or judged (`gate.workflows.goldens`), and
+found, the engine loaded, the golden recorded or judged (`gate.workflows.goldens.core`), and
 the file written atomically with a backup.
 
 No printing: what the person should read goes to `say`, the progress to `display`.
@@ -26,9 +26,8 @@ from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import Trace
 from gate.errors import InputError
 from gate.text import plural
-from gate.workflows.engine_calls import open_engine
-from gate.workflows.goldens import check_golden, record_golden
-from gate.workflows.requests import (
+from gate.workflows.common.engine_calls import open_engine
+from gate.workflows.common.requests import (
     DoctrineFlags,
     EngineRequest,
     ProgressDisplay,
@@ -37,6 +36,7 @@ from gate.workflows.requests import (
     no_progress,
     silent,
 )
+from gate.workflows.goldens.core import check_golden, record_golden
 
 
 @dataclass(frozen=True, slots=True)

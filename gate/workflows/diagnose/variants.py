@@ -3,7 +3,7 @@ kernel paths (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA: read once when torch load
 runs in its own process), thread counts and attention implementations.
 
 `capture_in_subprocess` runs one variant in a child process (`python -m
-gate.workflows.diagnose_variants`, a JSON spec on stdin) that writes its captures as .npz
+gate.workflows.diagnose.variants`, a JSON spec on stdin) that writes its captures as .npz
 files (no pickles) for the parent to compare against its own reference and band.
 """
 
@@ -56,7 +56,7 @@ def capture_in_subprocess(
         child_env = {**os.environ, **env}
         child_env.setdefault("OMP_NUM_THREADS", "1")
         proc = subprocess.run(
-            [sys.executable, "-m", "gate.workflows.diagnose_variants"],
+            [sys.executable, "-m", "gate.workflows.diagnose.variants"],
             input=json.dumps(spec),
             capture_output=True,
             text=True,

@@ -8,7 +8,7 @@ from typing import Any
 from gate.core.pins.diff import exact_top2_ties
 from gate.core.pins.pin import load_pin, oracle_label
 from gate.core.traces.machine import machine_key, machine_of
-from gate.workflows.requests import default_model
+from gate.workflows.common.requests import default_model
 
 
 def pin_summary(model: str | None, pins_dir: Path | None) -> dict[str, Any]:

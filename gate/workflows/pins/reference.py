@@ -26,7 +26,7 @@ from gate.core.verdict.floor import Floor
 from gate.core.verdict.reference import REFERENCE_HEADER_KEY, REFERENCE_KEY, has_reference, reference_of
 from gate.errors import EngineError, PinError
 from gate.text import plural
-from gate.workflows.requests import Say, silent
+from gate.workflows.common.requests import Say, silent
 
 REFERENCE_DTYPE = "float32"
 

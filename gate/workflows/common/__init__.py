@@ -1,0 +1,1 @@
+"""What every workflow shares: engine calls under a guard, progress, provenance and requests."""

@@ -1,0 +1,1 @@
+"""Schedule invariance: the same engine under other batches, caches, chunks and threads."""

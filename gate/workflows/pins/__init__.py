@@ -1,0 +1,1 @@
+"""Pins: recording an oracle's run, showing it, and measuring its honest floor."""
