@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from gate.core.engine import Engine
+from gate.core.engine import CONTRACT_METHODS, Engine, check_contract, lacking_methods
 from gate.core.pins.oracle_settings import read_settings
 from gate.core.pins.pin import SETTINGS_FILE, Pin
 from gate.core.pins.pin import load_pin as _load_pin_by_id
@@ -19,7 +19,7 @@ from gate.core.verdict.result import GateResult
 from gate.engines.registry import load_engine
 from gate.errors import PinError
 from gate.models.default import DEFAULT_MODEL
-from gate.workflows.common.engine_calls import open_engine
+from gate.workflows.common.engine_calls import engine_name, open_engine
 from gate.workflows.run.core import RunPlan, gate_run
 from gate.workflows.run.judge import judge as compare
 
@@ -65,7 +65,7 @@ def run(
     model with `options` (the `--engine-opt` strings) and closed afterwards. `doctrine`
     defaults to the pin's own; `timeout` (seconds) bounds each engine call.
     """
-    if not isinstance(engine, str | Engine):
+    if not isinstance(engine, str) and len(lacking_methods(engine)) == len(CONTRACT_METHODS):
         raise TypeError(
             f"gate.run: engine is a {type(engine).__name__}: expected a loaded engine (a gate.engine.Engine) or an "
             "engine name (a str: 'hf', an installed plugin's name, 'module:Class')"
@@ -74,6 +74,8 @@ def run(
         raise TypeError(f"gate.run: model is a {type(model).__name__}: expected a model id or a pin folder's path")
     if doctrine is not None and not isinstance(doctrine, Doctrine):
         raise TypeError(f"gate.run: doctrine is a {type(doctrine).__name__}: expected a gate.Doctrine or None")
+    if not isinstance(engine, str):
+        check_contract(engine, repr(engine_name(engine)))
     pin = load_pin(model if model is not None else DEFAULT_MODEL, pins_dir)
     judge = doctrine if doctrine is not None else pin.doctrine
     opts = {str(k): str(v) for k, v in (options or {}).items()}

@@ -150,6 +150,28 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+# The methods every engine has (`Engine`), checked by name when an engine object reaches gate.
+CONTRACT_METHODS: Final = ("info", "generate", "encode", "decode_tokens", "close")
+
+
+def lacking_methods(engine: object) -> list[str]:
+    """The contract methods `engine` does not have as callables, in the contract's order."""
+    return [m for m in CONTRACT_METHODS if not callable(getattr(engine, m, None))]
+
+
+def check_contract(engine: object, label: str) -> None:
+    """Refuse an engine object that lacks part of the contract, naming what it lacks, before
+    any call into it: a missing method must never fail later in gate's own code (a missing
+    close() at the end of a run, hiding the run's own outcome). EngineError (exit 3)."""
+    lacking = lacking_methods(engine)
+    if lacking:
+        raise EngineError(
+            f"engine {label} ({type(engine).__module__}.{type(engine).__qualname__}) lacks "
+            f"{', '.join(m + '()' for m in lacking)} of the plugin contract (gate.engine.Engine: "
+            f"{', '.join(m + '()' for m in CONTRACT_METHODS)})"
+        )
+
+
 @runtime_checkable
 class ForcesDecode(Protocol):
     """Teacher-forced decode: `force(prompt_token_ids, token_ids, top_k)` returns a

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from gate.core.engine import Engine
+from gate.core.engine import Engine, check_contract
 from gate.errors import EngineError, InputError
 from gate.text import did_you_mean
 from gate.version import install_line
@@ -86,17 +86,5 @@ def load_engine(name: str, model: str, options: Mapping[str, str] | None = None)
         raise EngineError(f"engine {name!r} ran out of memory loading {model}: {exc}") from exc
     except Exception as exc:  # an engine's own failure to start is an engine failure
         raise EngineError(f"engine {name!r} failed to load {model}: {type(exc).__name__}: {exc}") from exc
-    lacking = [m for m in CONTRACT_METHODS if not callable(getattr(engine, m, None))]
-    if lacking:
-        # Checked as it loads, so that a missing method never fails later in gate's own code
-        # (a missing close() at the end of a run, hiding the run's own outcome).
-        raise EngineError(
-            f"engine {name!r} ({type(engine).__module__}.{type(engine).__qualname__}) lacks "
-            f"{', '.join(m + '()' for m in lacking)} of the plugin contract (gate.engine.Engine: "
-            f"{', '.join(m + '()' for m in CONTRACT_METHODS)})"
-        )
+    check_contract(engine, repr(name))
     return engine
-
-
-# The methods every engine has (gate.core.engine.Engine).
-CONTRACT_METHODS = ("info", "generate", "encode", "decode_tokens", "close")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gate.core.engine import Engine
+from gate.core.engine import CONTRACT_METHODS, Engine, check_contract, lacking_methods
 from gate.core.pins.pin import doctrine_for, load_pin
 from gate.core.traces.reader import read_trace
 from gate.core.traces.trace import Trace
@@ -18,6 +18,7 @@ from gate.core.verdict.doctrine import apply_overrides
 from gate.core.verdict.result import DEFECT, RATIFIED_PASS, GateResult
 from gate.errors import InputError
 from gate.reports._common import VERDICT_LABELS, why
+from gate.workflows.common.engine_calls import engine_name
 from gate.workflows.common.requests import DoctrineFlags
 from gate.workflows.run.core import RunOutcome, gate_against_pin, gate_trace_against_pin
 
@@ -60,7 +61,8 @@ def gate_candidate(
             raise InputError(f"{candidate.path}: expected a candidate trace, found role {candidate.role!r}")
         pin = load_pin(model or default_model(), pins)
         return gate_trace_against_pin(pin, candidate, doctrine_for(pin, flags, strict=strict))
-    if isinstance(candidate, Engine):
+    if len(lacking_methods(candidate)) < len(CONTRACT_METHODS):  # an engine, whole or not
+        check_contract(candidate, repr(engine_name(candidate)))
         pin = load_pin(model or default_model(), pins)
         return gate_against_pin(candidate, pin, doctrine_for(pin, flags, strict=strict))
     raise InputError(

@@ -85,3 +85,49 @@ def test_compare_two_traces_read_and_written_through_the_front_door(pins: Path, 
     assert result.verdict == "strict_pass"
     assert all(isinstance(p, gate.PromptResult) for p in result.prompts)
     assert "strict_pass" in gate.render(result, "json")
+
+
+class _Unclosable:
+    """A plugin object with every contract method but `close()`: what an engine team writes
+    when it forgets one method."""
+
+    name = "unclosable"
+
+    def __init__(self, inner: FakeEngine) -> None:
+        self.inner = inner
+        self.info = inner.info
+        self.generate = inner.generate
+        self.encode = inner.encode
+        self.decode_tokens = inner.decode_tokens
+
+
+class _CloseFails(FakeEngine):
+    """An engine whose `close()` fails as well as its run."""
+
+    def close(self) -> None:
+        raise RuntimeError("close failed too")
+
+
+def test_run_of_an_object_lacking_a_contract_method_names_what_it_lacks(pins: Path) -> None:
+    engine = _Unclosable(FakeEngine(TOY_MODEL))
+    FakeEngine.history.clear()
+    with pytest.raises(gate.EngineError, match=r"lacks close\(\) of the plugin contract") as caught:
+        gate.run(engine, TOY_MODEL, pins_dir=pins)  # type: ignore[arg-type]
+    assert "_Unclosable" in str(caught.value)
+    assert FakeEngine.history == []  # refused before any call into it
+
+
+def test_gate_candidate_refuses_an_object_lacking_a_contract_method_as_gate_run_does(pins: Path) -> None:
+    from gate.integrations.gating import gate_candidate
+
+    with pytest.raises(gate.EngineError, match=r"lacks close\(\) of the plugin contract"):
+        gate_candidate(_Unclosable(FakeEngine(TOY_MODEL)), model=TOY_MODEL, pins_dir=pins)  # type: ignore[arg-type]
+
+
+def test_a_failing_close_never_hides_the_run_s_own_error(pins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gate.engines import registry
+
+    monkeypatch.setitem(registry.BUILTIN, "closefails", f"{__name__}:_CloseFails")
+    with pytest.raises(gate.EngineError, match="crashed in generate") as caught:
+        gate.run("closefails", TOY_MODEL, pins_dir=pins, options={"fail": "generate"})
+    assert "close failed" not in str(caught.value)
