@@ -68,6 +68,12 @@ class DriftWindow:
         return {"kind": self.kind, "name": self.name, "positions": self.positions, "median_ulps": self.median_ulps}
 
 
+# The largest |logprob| a greedy token can have: it has p >= 1/V, so |logprob| <= ln V, under 16
+# nats for any vocabulary under 8.8 million tokens. A rounding slack taken from a run's own
+# logprobs is taken at no larger size.
+GREEDY_LOGPROB_BOUND = 16.0
+
+
 @dataclass(frozen=True, slots=True)
 class RunDrift:
     """The run's swing statistics, in evidence units (the grid step at the least logit or above; None: no
@@ -336,5 +342,15 @@ def own_margin(
     value = logits[position]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    margin = candidate_margin(top[position], old, new, grid_step(evidence.unit_logit(float(value)), dtype))
-    return margin if margin is not None and 0.0 <= margin <= evidence.candidate_ulps else None
+    step = grid_step(evidence.unit_logit(float(value)), dtype)
+    margin = candidate_margin(top[position], old, new, step)
+    if margin is None or margin < 0.0:
+        return None
+    # One float32 rounding of the two logprobs, as every limit allows, taken at no larger size
+    # than a greedy token's logprob can have (and its rival's, within the limit of it): the run's
+    # own list, the only values here, cannot buy more slack by reporting logprobs far down.
+    limit = evidence.candidate_ulps * step
+    own = lp_map(top[position])
+    bound = (GREEDY_LOGPROB_BOUND, GREEDY_LOGPROB_BOUND + limit)
+    slack = logprob_slack(*(min(abs(own[t]), b) for t, b in zip((new, old), bound, strict=True))) if limit else 0.0
+    return margin if margin * step <= limit + slack else None
