@@ -78,6 +78,7 @@ def test_pin_run_and_golden_headers_name_no_folder_of_this_machine(machine: dict
 
     # Weights in a folder of one's own (--model-path): under home, `~/...`.
     weights = m["home"] / "models" / "toy"
+    weights.mkdir(parents=True)  # --model-path names a folder that exists
     r = invoke(["run", *common, "--model-path", str(weights), "--save-trace", str(m["work"] / "own.jsonl")])
     assert r.exit_code == 0, r.output
     own = header_of(m["work"] / "own.jsonl")
