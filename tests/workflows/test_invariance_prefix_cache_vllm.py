@@ -42,7 +42,7 @@ def short_pin(pin: Pin, ids: tuple[str, ...], n: int) -> Pin:
     """The pin on `ids` only, each prompt cut to its first `n` generated tokens."""
 
     def cut(rec: Any) -> Any:
-        extra = {k: (v[:n] if k == "token_logits" else v) for k, v in rec.extra.items()}
+        extra = {k: (v[:n] if k in ("token_logits", "reference_top_logprobs") else v) for k, v in rec.extra.items()}
         tops = None if rec.top_logprobs is None else list(rec.top_logprobs)[:n]
         tokens = None if rec.tokens is None else rec.tokens[:n]
         finish = "length" if len(rec.token_ids) >= n else rec.finish_reason

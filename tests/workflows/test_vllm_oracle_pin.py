@@ -153,7 +153,11 @@ def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_
     print(f"re-recorded on {new_key} (the committed pin: {old_key}):", *moved.lines(), sep="\n  ")
     doctrine = resolve_doctrine(header_doctrine(old.header.extra, str(committed)))
     # Two pins are free runs: the token rules judge the move (the floor judges candidates with forced lists).
-    result = compare(old, replace(new, header=replace(new.header, role="candidate")), replace(doctrine, floor=None))
+    result = compare(
+        old,
+        replace(new, header=replace(new.header, role="candidate")),
+        replace(doctrine, floor=None, reference_floor=None),
+    )
     print("  by the doctrine:", result.summary)
     assert result.exit_code == 0, [d.to_dict() for d in result.divergences if d.cls == "defect"]
     assert "the new pin as a candidate of the old one, by the doctrine's token rules" in r.stderr or moved.unchanged
