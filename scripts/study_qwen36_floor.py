@@ -117,7 +117,8 @@ def row(v: Variant, report: Mapping[str, Any]) -> list[str]:
     dist = report.get("distribution") or {}
     kl = dist.get("kl_mnats") or {}
     same = (dist.get("same_top") or {}).get("rate")
-    flips = (report.get("routing") or {}).get("routing_caused")
+    routing = report.get("routing") or {}
+    flips = None if routing.get("without_routing_data") else routing.get("routing_caused")
     return [
         v.name,
         "honest" if v.honest else "planted",
@@ -129,7 +130,7 @@ def row(v: Variant, report: Mapping[str, Any]) -> list[str]:
         f"{max(gaps):.0f}" if gaps else "-",
         f"{kl['mean']:.2f} / {kl['p99']:.2f}" if kl.get("mean") is not None else "-",
         f"{same * 100:.2f}%" if same is not None else "-",
-        "-" if flips is None else str(flips),
+        "no data" if flips is None else str(flips),
     ]
 
 
