@@ -36,6 +36,7 @@ from gate.text import did_you_mean
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
+    from gate.engines.registry import ReferenceEngine
 
 GIVEN = "given"  # the source of a position named on the command line
 # (prompt ids, context ids, path) -> the capture
@@ -380,11 +381,12 @@ def diagnose_candidate(
     return out
 
 
-def load_hf(model_path: str, dtype: str) -> Any:
-    """A reference or honest engine: transformers on `model_path` in `dtype`, no tokenizer."""
-    from gate.engines.hf.engine import HFEngine
+def load_hf(model_path: str, dtype: str) -> ReferenceEngine:
+    """A reference or honest engine: the registry's reference engine (transformers) on
+    `model_path` in `dtype`, no tokenizer."""
+    from gate.engines.registry import load_reference
 
-    return HFEngine(model_path, tokenizer=False, dtype=dtype)
+    return load_reference(model_path, tokenizer=False, dtype=dtype)
 
 
 def reference_and_band(
@@ -399,32 +401,29 @@ def reference_and_band(
     """The reference capture (one float32 prefill over the context, standing for both paths),
     the honest band of each path and the two engines' descriptions, computed from one load
     of the weights where that is exact: the honest engine captures first, then its weights
-    are widened in place to float32 for the reference (gate.engines.hf.upcast); else the
+    are widened in place to float32 for the reference (`CapturesReference.widen`); else the
     reference is loaded on its own. Neither engine outlives this call."""
-    from gate.engines.hf.capture import capture_hf, capture_hf_shared
-    from gate.engines.hf.upcast import widen, widens_exactly
-
     context = target.context_ids
     with clock.phase("load reference and honest"):
         engine = load_hf(model_path, honest_dtype)
     try:
         with clock.phase("honest capture"):
             if set(paths) == {PREFILL, DECODE}:
-                honest = capture_hf_shared(engine, stepped, context, logits_from=logits_from)
+                honest = engine.capture_paths_shared(stepped, context, logits_from=logits_from)
             else:
                 (path,) = paths
                 prompt = stepped if path == DECODE else target.prompt_ids
                 rows = logits_from if path == PREFILL else None
-                honest = {path: capture_hf(engine, prompt, context, path, logits_from=rows)}
+                honest = {path: engine.capture_path(prompt, context, path, logits_from=rows)}
         honest_engine = _describe(engine)
         with clock.phase("load reference and honest"):
-            if widens_exactly(engine):
-                widen(engine)
+            if engine.widens_exactly():
+                engine.widen()
             else:
                 engine.close()
                 engine = load_hf(model_path, "float32")
         with clock.phase("reference capture"):
-            reference = capture_hf(engine, target.prompt_ids, context, PREFILL, logits_from=logits_from)
+            reference = engine.capture_path(target.prompt_ids, context, PREFILL, logits_from=logits_from)
         engines = {"reference": _describe(engine), "honest": honest_engine}
     finally:
         engine.close()
