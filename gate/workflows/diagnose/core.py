@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture
 from gate.core.diagnosis.dump import named_capture
@@ -289,31 +289,21 @@ def reference_engines(
             hon.close()
 
 
-def diagnose_engine(
-    engine: Any,
-    target: Target,
-    model_path: str,
-    *,
-    honest_dtype: str = "bfloat16",
-    margin: float = MARGIN,
-    model: str = "",
-    notes: Sequence[str] = (),
-    timings: Timings | None = None,
-    every_step: bool = False,
-) -> Diagnosis:
+class DiagnoseOptions(TypedDict, total=False):
+    """`diagnose_candidate`'s keyword options, as `diagnose_engine` passes them on."""
+
+    honest_dtype: str
+    margin: float
+    model: str
+    notes: Sequence[str]
+    timings: Timings | None
+    cache: bool
+    every_step: bool
+
+
+def diagnose_engine(engine: Any, target: Target, model_path: str, **options: Unpack[DiagnoseOptions]) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
-    return diagnose_candidate(
-        capturer_for(engine),
-        _describe(engine),
-        target,
-        model_path,
-        honest_dtype=honest_dtype,
-        margin=margin,
-        model=model,
-        notes=notes,
-        timings=timings,
-        every_step=every_step,
-    )
+    return diagnose_candidate(capturer_for(engine), _describe(engine), target, model_path, **options)
 
 
 def diagnose_candidate(
