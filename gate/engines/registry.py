@@ -108,6 +108,7 @@ def load_reference(model: str, **options: Any) -> ReferenceEngine:
     (`dtype="float32"`, `tokenizer=False`, ...); the caller closes it."""
     engine = resolve(REFERENCE)(model, **options)
     if not isinstance(engine, CapturesReference):
+        engine.close()
         raise EngineError(f"engine {REFERENCE!r} cannot capture a reference")
     return cast("ReferenceEngine", engine)
 
