@@ -79,7 +79,7 @@ def bf16_cumulated(g: torch.Tensor, chunk: int) -> torch.Tensor:
 
 class DecayInBF16(_OneLayer):
     name = "planted-qwen36-decay-bf16"
-    default_layer = 1
+    default_layer = 0
 
     def plant(self, layer: Any) -> None:
         def chunked(rule: Any) -> Any:

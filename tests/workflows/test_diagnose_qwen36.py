@@ -34,9 +34,10 @@ def qwen() -> Iterator[tuple[str, Any, Any, Any]]:
 
     path = str(qwen_tiny_dir())
     pin = load_pin(QWEN_TINY)
-    # A pinned prompt and a position well into its continuation: prefill and decode rows both.
-    rec = next(r for r in pin.trace.records if len(r.token_ids) > 12)
-    target = target_given(pin, rec.id, 12)
+    # The pin's longest context, at its last position: the prefill and decode rows both, and a
+    # decay cumulated over as many tokens as the suite has.
+    rec = max(pin.trace.records, key=lambda r: len(r.prompt_token_ids) + len(r.token_ids))
+    target = target_given(pin, rec.id, len(rec.token_ids) - 1)
     with one_thread(), reference_engines(path) as (ref, hon):
         yield path, target, ref, hon
 
@@ -86,7 +87,7 @@ def test_the_capture_names_every_part_of_the_architecture_on_both_paths(qwen: tu
 @pytest.mark.parametrize(
     ("cls", "where", "words"),
     [
-        ("DecayInBF16", (1, "linear_attention.delta_rule"), "layer 1, linear attention: gated delta rule"),
+        ("DecayInBF16", (0, "linear_attention.delta_rule"), "layer 0, linear attention: gated delta rule"),
         ("SharedGateDropped", (1, "experts.shared_gated"), "layer 1, MoE: shared expert × its sigmoid gate"),
         (
             "QueryPositionPlusOne",
