@@ -148,7 +148,7 @@ class QueryPositionPlusOne(_OneLayer):
         shifted: dict[str, Any] = {}
 
         def positions(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            hidden: torch.Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             cache = kwargs.get("past_key_values")
             past = cache.get_seq_length(attn.layer_idx) if cache is not None else 0
             ids = torch.arange(hidden.shape[1], device=hidden.device) + past + 1

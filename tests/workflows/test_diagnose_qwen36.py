@@ -24,32 +24,33 @@ pytestmark = pytest.mark.slow
 PLANTED = "helpers.planted_qwen36"
 
 
+# Where each bug is diagnosed: a prompt of the pin and a position into its continuation (the
+# prefill's rows and a decode step both). The bf16 decay is a small error that grows with the
+# tokens it is cumulated over: it is diagnosed at the end of one of the suite's longest contexts.
+SHORT, LONG = ("code-numpy", 12), ("chat-python", 31)
+
+
 @pytest.fixture(scope="module")
 def qwen() -> Iterator[tuple[str, Any, Any, Any]]:
-    """(the checkpoint's path, the target, the reference engine, the honest engine)."""
+    """(the checkpoint's path, the pin, the reference engine, the honest engine)."""
     from helpers.tiny_pin import one_thread
 
     from gate.core.pins.pin import load_pin
-    from gate.workflows.diagnose.core import reference_engines, target_given
+    from gate.workflows.diagnose.core import reference_engines
 
     path = str(qwen_tiny_dir())
-    pin = load_pin(QWEN_TINY)
-    # The pin's longest context, at its last position: the prefill and decode rows both, and a
-    # decay cumulated over as many tokens as the suite has.
-    rec = max(pin.trace.records, key=lambda r: len(r.prompt_token_ids) + len(r.token_ids))
-    target = target_given(pin, rec.id, len(rec.token_ids) - 1)
     with one_thread(), reference_engines(path) as (ref, hon):
-        yield path, target, ref, hon
+        yield path, load_pin(QWEN_TINY), ref, hon
 
 
-def diagnosed(qwen: tuple[str, Any, Any, Any], engine: Any, path: str = "decode") -> Any:
-    from dataclasses import replace
-
+def diagnosed(qwen: tuple[str, Any, Any, Any], engine: Any, at: tuple[str, int] = SHORT, path: str = "decode") -> Any:
     from gate.engines.hf.capture import capture_hf
-    from gate.workflows.diagnose.core import capturer_for, decode_prompt, diagnose
+    from gate.workflows.diagnose.core import capturer_for, decode_prompt, diagnose, target_given
 
-    _, target, ref, hon = qwen
-    target = replace(target, path=path)
+    _, pin, ref, hon = qwen
+    prompt_id, position = at
+    rec = next(r for r in pin.trace.records if r.id == prompt_id)
+    target = target_given(pin, prompt_id, min(position, len(rec.token_ids) - 1), path)
     assert len(decode_prompt(target)) > len(target.prompt_ids)
     return diagnose(
         target,
@@ -85,23 +86,24 @@ def test_the_capture_names_every_part_of_the_architecture_on_both_paths(qwen: tu
 
 
 @pytest.mark.parametrize(
-    ("cls", "where", "words"),
+    ("cls", "at", "where", "words"),
     [
-        ("DecayInBF16", (0, "linear_attention.delta_rule"), "layer 0, linear attention: gated delta rule"),
-        ("SharedGateDropped", (1, "experts.shared_gated"), "layer 1, MoE: shared expert × its sigmoid gate"),
+        ("DecayInBF16", LONG, (0, "linear_attention.delta_rule"), "layer 0, linear attention: gated delta rule"),
+        ("SharedGateDropped", SHORT, (1, "experts.shared_gated"), "layer 1, MoE: shared expert × its sigmoid gate"),
         (
             "QueryPositionPlusOne",
+            SHORT,
             (3, "attention.core"),
             "layer 3, attention: softmax(q·k)·v with rotary positions, before the output gate",
         ),
     ],
 )
 def test_a_planted_bug_on_both_paths_is_located_at_its_layer_and_part(
-    qwen: tuple[str, Any, Any, Any], cls: str, where: tuple[int, str], words: str
+    qwen: tuple[str, Any, Any, Any], cls: str, at: tuple[str, int], where: tuple[int, str], words: str
 ) -> None:
     from helpers import planted_qwen36
 
-    d = diagnosed(qwen, getattr(planted_qwen36, cls)(qwen[0]))
+    d = diagnosed(qwen, getattr(planted_qwen36, cls)(qwen[0]), at)
     assert located(d.finding) == where, d.summary
     assert d.other is not None and located(d.other) == where, d.summary
     assert d.summary.startswith(f"enters at {words}, decode path"), d.summary
@@ -114,7 +116,7 @@ def test_a_conv_state_shifted_in_decode_is_located_on_the_decode_path_only(qwen:
     engine = planted_qwen36.ConvStateShifted(qwen[0])
     d = diagnosed(qwen, engine)
     assert located(d.finding) == (2, "linear_attention.conv1d"), d.summary
-    assert d.finding.first is not None and d.finding.first.position >= len(qwen[1].prompt_ids)  # a decoded one
+    assert d.finding.first is not None and d.finding.first.position == d.context_length - 1  # the decode step
     assert d.other is not None and d.other.path == "prefill" and d.other.first is None, d.summary
     assert "layer 2, linear attention: conv1d, decode path" in d.summary
     assert "only the decode path shows it" in d.summary
