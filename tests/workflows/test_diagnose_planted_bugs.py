@@ -105,7 +105,7 @@ def test_a_decode_only_bug_is_located_on_the_decode_path_only(llama: tuple[Path,
 
 
 def test_the_selftest_skip_layer_mutant_is_located_at_its_layer(llama: tuple[Path, Any, Any]) -> None:
-    from gate.workflows.calibration.mutants import LayerSkippedHFEngine
+    from gate.engines.hf.mutants import LayerSkippedHFEngine
 
     d = run(llama, LayerSkippedHFEngine(str(llama[0]), layer=1))
     assert located(d) == (1, "residual"), d.summary

@@ -1,4 +1,4 @@
-"""The separation study's borderline kernel shortcuts (`gate.workflows.calibration.mutants_kernels`) are
+"""The separation study's borderline kernel shortcuts (`gate.engines.hf.mutants_kernels`) are
 shortcuts, not breakages: on a tiny random Llama each moves the logprobs (it does something)
 by far less than a broken model would. The first bf16 softmax shortcut, registered as an
 attention implementation transformers gives no mask, attended to later tokens: on this model
@@ -20,7 +20,7 @@ def test_each_shortcut_moves_the_numbers_a_little(tmp_path: Path) -> None:
     from helpers.tiny_pin import one_thread
 
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows.calibration.mutants_kernels import SHORTCUTS, KernelShortcutHFEngine
+    from gate.engines.hf.mutants_kernels import SHORTCUTS, KernelShortcutHFEngine
 
     weights = str(build_tiny_llama(tmp_path / "w", seed=3, lm_head_scale=20.0))
     prompt, fed = (72, 101, 108, 108, 111, 32, 119), tuple(range(40, 56))
