@@ -39,7 +39,7 @@ from gate.core.goldens.moves import (
     judge_move,
 )
 from gate.core.pins.diff import exact_top2_ties
-from gate.core.pins.pin import Pin, load_pin
+from gate.core.pins.pin import Pin, doctrine_for, load_pin
 from gate.core.storage.files import file_sha256
 from gate.core.traces.machine import machine_key, machine_of
 from gate.core.traces.reader import read_trace
@@ -783,11 +783,30 @@ def test_committed_default_goldens_hold_and_move_by_tie_break_under_the_highest_
         assert rep["verdict"] in ("unchanged", "moved_within_doctrine") and rep["other_machine"]
         assert rep["counts"]["real_changes"] == 0
 
-    r = invoke(["goldens", "check", "--engine-opt", "tie_break=highest", "--format", "json"])
-    rep = report(r)
-    if rep["machine_keys"]["golden"] == rep["machine_keys"]["now"]:
-        assert r.exit_code == 1, r.output  # the recording machine: any move fails
+    # Under the highest-id rule only a prompt holding an exact tie in the pin can move by a
+    # tie-break, so that check runs on those prompts alone (the pin and the golden cut alike),
+    # in process: the same judge as `gate goldens check`, a fifth of the run.
+    from gate.engines.hf.engine import HFEngine
+    from gate.reports.goldens import render_goldens_json
+    from gate.workflows.goldens.core import check_golden
+
     ties = {(t.prompt_id, t.position): (t.chosen, t.other) for t in exact_top2_ties(pin.trace)}
+    tied = {p for p, _ in ties}
+    assert 0 < len(tied) < len(pin.suite.prompts)
+    cut_pin = replace(
+        pin,
+        trace=replace(pin.trace, records=tuple(x for x in pin.trace.records if x.id in tied)),
+        suite=replace(pin.suite, prompts=tuple(x for x in pin.suite.prompts if x.id in tied)),
+    )
+    cut_golden = replace(committed, records=tuple(x for x in committed.records if x.id in tied))
+    engine = HFEngine(DEFAULT, tie_break="highest")
+    try:
+        result, _ = check_golden(engine, cut_pin, cut_golden, doctrine_for(pin), options={"tie_break": "highest"})
+    finally:
+        engine.close()
+    rep = json.loads(render_goldens_json(result))
+    if rep["machine_keys"]["golden"] == rep["machine_keys"]["now"]:
+        assert result.moved  # the recording machine: any move fails
     assert rep["counts"]["tie_breaks"] > 0, rep["summary"]
     for m in rep["moves"]:
         at_tie = m["shares_oracle_context"] and ties.get((m["prompt_id"], m["position"])) == (
