@@ -18,18 +18,28 @@ those loads and both paths. The breakdown is the diagnosis's own phases
 entry), loading the honest engine and making the reference, each engine's captures (both
 paths together; the honest one includes its band), and the comparison; "other" is what lies
 between them.
+
+The work count: each engine's forward passes during the diagnosis (a call of the model's token
+embedding) and the tokens they process, in prefill-equivalents (tokens over the context's
+length), by phase (the honest engine's, the reference's, the candidate's captures).
+
+`--wide`: the same on a wider checkpoint of the test checkpoint's architecture
+(Qwen3_5MoeForConditionalGeneration, the test checkpoint's config widened and deepened, seeded
+random weights, built into a temporary folder), where a plain prefill costs what a forward costs
+rather than Python's fixed costs; the position is the test checkpoint's pin's (same tokenizer).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,19 +79,29 @@ def main() -> None:
 
     from gate.core.pins.pin import load_pin
     from gate.engines.hf.engine import HFEngine
-    from gate.models.default import DEFAULT_MODEL
-    from gate.workflows.diagnose.core import Timings, diagnose_engine, target_given
+    from gate.models.default import DEFAULT_MODEL, resolve_model_path
+    from gate.workflows.diagnose.core import target_given
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a model with a pin (default: gate's default model)")
     parser.add_argument("--position", type=int, default=16)
     parser.add_argument("--prompt", default=None)
+    parser.add_argument("--wide", action="store_true", help="a wider random checkpoint of --model's architecture")
     args = parser.parse_args()
     torch.set_num_threads(1)
     pin = load_pin(args.model)
     prompt = args.prompt or pin.trace.records[0].id
     target = target_given(pin, prompt, args.position)
-    engine = HFEngine(args.model)
+    with tempfile.TemporaryDirectory() as wide_dir:
+        model = build_wide(resolve_model_path(args.model), Path(wide_dir)) if args.wide else args.model
+        bench(HFEngine(model), pin, target, prompt, args)
+
+
+def bench(engine: Any, pin: Any, target: Any, prompt: str, args: argparse.Namespace) -> None:
+    import torch
+
+    from gate.workflows.diagnose.core import Timings, diagnose_engine
+
     ids = list(target.context_ids)
 
     def plain() -> Any:
@@ -94,7 +114,8 @@ def main() -> None:
     base_s = statistics.median(s for s, _, _ in samples)
     base_cpu = statistics.median(cpu[-5:])
     base_peak = max(peak for _, peak, _ in samples)
-    print(f"model {args.model}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
+    wide = " (--wide)" if args.wide else ""
+    print(f"model {args.model}{wide}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
     print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
     print(line("plain forward (one prefill, median of 5):", base_s, base_cpu, base_peak))
 
@@ -118,8 +139,10 @@ def main() -> None:
                 for f in sorted(Path(engine.model_path).iterdir()):
                     if f.is_file():
                         digests.known_sha256(f)
-            timings = Timings()
-            diag_s, diag_peak, d = measured(functools.partial(one, timings))
+            timings = counted(engine.model.config.get_text_config().vocab_size)
+            work = timings.work
+            with timings.counting():
+                diag_s, diag_peak, d = measured(functools.partial(one, timings))
             diag_cpu = cpu[-1]
             print(line(what, diag_s, diag_cpu, diag_peak))
             spent = [(k, v, timings.cpu_seconds[k]) for k, v in timings.seconds.items()]
@@ -134,7 +157,96 @@ def main() -> None:
                 f"  ratio: time {diag_s / base_s:.1f}x, cpu time {diag_cpu / base_cpu:.1f}x, "
                 f"peak memory {diag_peak / base_peak:.2f}x"
             )
+            for phase, (calls, tokens) in work.items():
+                print(f"  work, {phase + ':':22s} {calls} forwards, {tokens} tokens = {tokens / len(ids):.2f} prefills")
+            total = sum(t for _, t in work.values())
+            print(f"  work, all: {total} tokens = {total / len(ids):.2f} prefills of the {len(ids)}-token context")
             print(f"  diagnosis: {d.summary}")
+
+
+def counted(vocab: int) -> Any:
+    """Timings that also count forward passes and tokens by phase (`work`: phase -> [forwards,
+    tokens]): a call of a token embedding of the model's vocabulary is a forward over its
+    input's tokens."""
+    import torch
+
+    from gate.workflows.diagnose.core import Timings
+
+    class Counted(Timings):
+        def __init__(self) -> None:
+            super().__init__()
+            self.work: dict[str, list[int]] = {}
+            self.now = "other"
+
+        @contextlib.contextmanager
+        def phase(self, name: str) -> Iterator[None]:
+            before, self.now = self.now, name
+            try:
+                with super().phase(name):
+                    yield
+            finally:
+                self.now = before
+
+        @contextlib.contextmanager
+        def counting(self) -> Iterator[None]:
+            def hook(module: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
+                if isinstance(module, torch.nn.Embedding) and module.num_embeddings == vocab and inputs:
+                    counts = self.work.setdefault(self.now, [0, 0])
+                    counts[0] += 1
+                    counts[1] += int(inputs[0].numel())
+
+            handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+            try:
+                yield
+            finally:
+                handle.remove()
+
+    return Counted()
+
+
+# The wide checkpoint: the test checkpoint's text config with these (a plain prefill of 20
+# tokens about half a second on one thread of the bench's machine).
+WIDE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 8,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+    "head_dim": 128,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "linear_num_key_heads": 8,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "num_experts": 32,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 256,
+    "shared_expert_intermediate_size": 256,
+}
+SEED = 20261203
+
+
+def build_wide(tiny: str, out: Path) -> str:
+    """A seeded random checkpoint of `tiny`'s architecture with the text config widened by
+    WIDE (bfloat16, as the test checkpoint), tokenizer files copied; returns its folder."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = json.loads((Path(tiny) / "config.json").read_text())
+    config["text_config"].update(WIDE)
+    config["vision_config"]["out_hidden_size"] = WIDE["hidden_size"]
+    (out / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+        if (Path(tiny) / name).exists():
+            shutil.copy(Path(tiny) / name, out / name)
+    torch.manual_seed(SEED)
+    model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"wide checkpoint: {n / 1e6:.0f}M parameters, seed {SEED}, {json.dumps(WIDE)}")
+    return str(out)
 
 
 def line(what: str, seconds: float, cpu_seconds: float, peak: int) -> str:
