@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -289,6 +290,43 @@ def test_qwen3_5_moe_gated_against_itself(qwen3_5: HFEngine, qwen3_5_moe_path: P
     assert f32.verdict != "strict_pass", f32.summary
     assert f32.counts["exact_ties"] == 0  # not a tie-break difference: the numbers moved
     assert compare(o, trace("candidate", oracle), Doctrine()).verdict == "strict_pass"
+
+
+def test_the_conv_reads_function_mode_is_entered_only_inside_a_deltanet(qwen3_5: HFEngine) -> None:
+    """The conv1d read watches torch calls through a function mode (every call through
+    Python): it is active inside each DeltaNet's forward only, still reads the conv on both
+    paths, and a forward that raises inside a DeltaNet leaves no mode behind."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from gate.core.diagnosis.capture import LA_CONV
+    from gate.engines.hf.capture import capture_hf
+
+    model = qwen3_5.model
+    assert model is not None
+    modes: list[int] = []
+    outside = model.get_output_embeddings().register_forward_pre_hook(
+        lambda m, a: modes.append(len(_get_current_function_mode_stack()))
+    )
+    ids = list(range(5, 13))
+    try:
+        for path in ("prefill", "decode"):
+            cap = capture_hf(qwen3_5, ids[:6], ids, path)
+            assert any(t.point.part == LA_CONV for t in cap.tensors), path
+    finally:
+        outside.remove()
+    assert modes and set(modes) == {0}, modes  # lm_head runs outside every DeltaNet: no mode
+    deltanet = next(m for m in model.modules() if hasattr(m, "conv_dim") and hasattr(m, "in_proj_z"))
+
+    def boom(module: Any, args: Any, out: Any) -> None:
+        raise RuntimeError("planted")
+
+    failing = deltanet.in_proj_z.register_forward_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="planted"):
+            capture_hf(qwen3_5, ids, ids, "prefill")
+    finally:
+        failing.remove()
+    assert len(_get_current_function_mode_stack()) == 0
 
 
 def test_its_capabilities_are_the_contracts_protocols(llama: HFEngine) -> None:

@@ -48,11 +48,26 @@ Emit = Callable[[int, torch.Tensor], None]
 
 class SplitWatch(TorchFunctionMode):
     """Hands the first tensor split along a watched width to its callback: the DeltaNet's
-    conv output, split into q, k and v right after the conv in both of its paths."""
+    conv output, split into q, k and v right after the conv in both of its paths. Active
+    only during a DeltaNet's forward (`start`, `stop`): a function mode sends every torch
+    call through Python, which around the whole model cost the capture a tenth of its time."""
 
     def __init__(self) -> None:
         super().__init__()
         self.watch: tuple[int, Callable[[torch.Tensor], None]] | None = None
+        self.active = False
+
+    def start(self, width: int, found: Callable[[torch.Tensor], None]) -> None:
+        self.stop()
+        self.watch = (width, found)
+        self.__enter__()
+        self.active = True
+
+    def stop(self) -> None:
+        self.watch = None
+        if self.active:
+            self.active = False
+            self.__exit__(None, None, None)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         watch = self.watch
@@ -84,12 +99,13 @@ class SubParts:
 
     @contextmanager
     def watching(self) -> Iterator[None]:
-        """The function-mode watch the conv reads need, around the forwards (none without a DeltaNet)."""
-        if self.spy is None:
+        """Around the forwards: the conv reads' function mode, entered by each DeltaNet's
+        forward, never outlives them (a forward that raised leaves it entered)."""
+        try:
             yield
-            return
-        with self.spy:
-            yield
+        finally:
+            if self.spy is not None:
+                self.spy.stop()
 
     def remove(self) -> None:
         for h in self.handles:
@@ -111,10 +127,10 @@ class SubParts:
         spy = self.spy = self.spy or SplitWatch()
 
         def start(module: Any, args: Any) -> None:
-            spy.watch = (int(net.conv_dim), lambda t: emit(conv, t))
+            spy.start(int(net.conv_dim), lambda t: emit(conv, t))
 
         def stop(module: Any, args: Any, output: Any) -> None:
-            spy.watch = None
+            spy.stop()
 
         self.handles += [
             net.register_forward_pre_hook(start),
