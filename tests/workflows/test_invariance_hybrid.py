@@ -72,9 +72,28 @@ def test_the_honest_hf_engine_runs_every_cell_on_the_hybrid(hybrid: tuple[Path, 
 
 
 def test_a_recurrent_state_kept_from_the_previous_request_is_caught(hybrid: tuple[Path, Path]) -> None:
-    from helpers.planted_engines import StaleRecurrentStateBug
+    from gate.engines.hf.stale_state import StaleRecurrentStateHFEngine
 
-    result = matrix(hybrid, StaleRecurrentStateBug, ("repeat", "shuffle"))
+    result = matrix(hybrid, StaleRecurrentStateHFEngine, ("repeat", "shuffle"))
     by = {c.schedule.cell: c for c in result.cells}
     assert by["repeat"].verdict == VARIES and by["shuffle"].verdict == VARIES, result.to_dict()
     assert result.exit_code == 1
+
+
+def test_selftest_plants_the_stale_state_mutant_on_a_recurrent_model_and_it_is_a_defect(
+    hybrid: tuple[Path, Path],
+) -> None:
+    from helpers.tiny_pin import HYBRID_MODEL, one_thread
+
+    from gate.core.calibration.selftest import EXPECT_DEFECT
+    from gate.workflows.calibration.mutants import baseline_loader, mutations
+    from gate.workflows.calibration.selftest import run_selftest
+
+    weights, pins = hybrid
+    planted = mutations(str(weights), {}, only=["stale-recurrent-state"])
+    assert [(m.name, m.expect) for m in planted] == [("stale-recurrent-state", EXPECT_DEFECT)]
+    pin = load_pin(HYBRID_MODEL, pins)
+    with one_thread():
+        result = run_selftest(pin, baseline_loader(str(weights), {}), planted, doctrine_for(pin))
+    (outcome,) = result.mutants
+    assert outcome.met and outcome.against_reference.counts["defects"] > 0, outcome
