@@ -78,7 +78,8 @@ def test_the_prefix_cache_records_the_reused_prefix_with_the_routing_it_was_comp
         hits, reused = engine.prefix_reuse()
     finally:
         engine.close()
-    assert hits >= len(PROMPTS) - 1 and reused >= len(HEAD) * (len(PROMPTS) - 1)
+    # A dense cache crops any kept entry (4 hits); a recurrent one reuses snapshots only (3: C, D, A again).
+    assert hits >= 3 and reused >= 3 * len(HEAD)
     _check_same_routing(records, one_at_a_time)
 
 

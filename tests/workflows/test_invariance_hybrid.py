@@ -41,9 +41,8 @@ def matrix(hybrid: tuple[Path, Path], cls: Any, cells: tuple[str, ...] | None = 
 
     plan = InvariancePlan(cells=cells or CELLS, batch=4, chunk=DELTA_CHUNK)
     with one_thread():
-        # Routing records are per prompt: the batch and prefix_cache cells serve prompts together.
-        options = {"record_routing": "false"}
-        return run_invariance(load, cls, pin, doctrine_for(pin), plan, engine_name="hf", options=options)
+        # Routing recorded in every cell, the batch and prefix_cache ones included.
+        return run_invariance(load, cls, pin, doctrine_for(pin), plan, engine_name="hf", options={})
 
 
 def test_the_honest_hf_engine_runs_every_cell_on_the_hybrid(hybrid: tuple[Path, Path]) -> None:
