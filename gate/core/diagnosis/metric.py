@@ -33,7 +33,7 @@ METRIC_TEXT = "relative L2 error per position (||candidate - reference|| / ||ref
 BAND_FLOOR = 2.0**-8
 # How far past its honest band a point's error must be before it is located there, measured
 # on honest variants (ISA paths, thread counts, eager vs sdpa attention) against the
-# in-process band: docs/guides/diagnose.md, scripts/diagnose_margin.py. The largest honest ratio
+# in-process band: docs/results/diagnose-margin.md, scripts/diagnose_margin.py. The largest honest ratio
 # measured on the default model is 2.81 (lm_head, prefill, ATEN_CPU_CAPABILITY=default);
 # 4 leaves room above it while the planted bugs of the tests sit at 11x and beyond.
 MARGIN = 4.0

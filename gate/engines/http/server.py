@@ -13,7 +13,7 @@ Built-in dialects: vLLM's OpenAI API with token ids (`gate.engines.http.openai`)
 servers that take text (`gate.engines.http.openai_text`), llama.cpp's native API
 (`gate.engines.http.llama_server`). A new server (SGLang's `/generate`, TGI's `/generate`) is one
 module with a dialect class and a `ServerEngine` subclass naming it, registered as a plugin
-(docs/guides/gate-your-engine.md shows one).
+(docs/reference/engines.md describes the contract).
 """
 
 from __future__ import annotations
