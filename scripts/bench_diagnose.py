@@ -2,6 +2,7 @@
 forward (one prefill) of the same context by the same candidate engine, in the same process.
 
     flock /tmp/gate-heavy.lock env OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python scripts/bench_diagnose.py
+    ... scripts/bench_diagnose.py --model gate-llm/Qwen3.6-tiny   # gate's Qwen3.6 test checkpoint
 
 Three diagnoses of the same position: with nothing cached (the first diagnosis of a model on
 a machine: its weights are hashed for the cache's key), with the weights' digests known (the
@@ -72,14 +73,15 @@ def main() -> None:
     from gate.workflows.diagnose.core import Timings, diagnose_engine, target_given
 
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a model with a pin (default: gate's default model)")
     parser.add_argument("--position", type=int, default=16)
     parser.add_argument("--prompt", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    pin = load_pin(DEFAULT_MODEL)
+    pin = load_pin(args.model)
     prompt = args.prompt or pin.trace.records[0].id
     target = target_given(pin, prompt, args.position)
-    engine = HFEngine(DEFAULT_MODEL)
+    engine = HFEngine(args.model)
     ids = list(target.context_ids)
 
     def plain() -> Any:
@@ -92,7 +94,7 @@ def main() -> None:
     base_s = statistics.median(s for s, _, _ in samples)
     base_cpu = statistics.median(cpu[-5:])
     base_peak = max(peak for _, peak, _ in samples)
-    print(f"model {DEFAULT_MODEL}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
+    print(f"model {args.model}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
     print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
     print(line("plain forward (one prefill, median of 5):", base_s, base_cpu, base_peak))
 

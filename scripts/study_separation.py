@@ -112,6 +112,8 @@ def score(traces: Path, reference_path: Path | None) -> list[dict[str, Any]]:
         diffs = [p.kl_mnats - (oracle_own_mean(oracle, ref, [k]) or 0.0) for p, k in zip(pts, at, strict=True)]
         m = math.fsum(diffs) / len(diffs)
         row["fp32"]["se_excess"] = math.sqrt(math.fsum((d - m) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+        # Each position (prompt, KL from float32, same top, the oracle's own KL there): the shards' figures.
+        row["pos"] = [(p.prompt_id, p.kl_mnats, p.same_top, p.kl_mnats - d) for p, d in zip(pts, diffs, strict=True)]
         rows.append(row)
     return rows
 
@@ -183,6 +185,71 @@ def final_table(rows: Sequence[Mapping[str, Any]], old: Any, new: Any) -> None:
         )
 
 
+SHARD_COUNTS = (1, 2, 3, 4, 6, 8, 12)
+
+
+def shard_table(rows: Sequence[Mapping[str, Any]], new: Any) -> None:
+    """Every variant's run cut into `gate run --shard K/N` slices (the prompts `shard_of` puts in
+    slice K), each judged on its own positions under `new` (a `reference_floor`) when it has at
+    least `MIN_POSITIONS`: how far the excess scatters with evidence size, how many honest
+    slices land beyond the limit and how many lossy slices inside it."""
+    from gate.core.traces.shards import shard_of
+    from gate.core.verdict.distribution import MIN_POSITIONS, quantile
+    from gate.core.verdict.floor_check import ratio_of
+
+    print(
+        "\n| shards | positions per shard | honest excess: spread (sd) | honest shards beyond (ratio > 1) "
+        "| worst honest ratio | by the mean / p99 / same top | lossy shards inside (ratio <= 1) | nearest lossy ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for n in SHARD_COUNTS:
+        sizes: list[int] = []
+        excess: list[float] = []
+        honest: list[float] = []
+        lossy: list[float] = []
+        by = [0, 0, 0]  # honest slices beyond, by which figure (mean, p99, same top)
+        for r in rows:
+            if r["kind"] not in ("honest", "realistic") or r["name"] == "real-penalised-sampler":
+                continue
+            for k in range(1, n + 1):
+                part = [q for q in r["pos"] if shard_of(q[0], n) == k]
+                if len(part) < MIN_POSITIONS:
+                    continue
+                kls = sorted(q[1] for q in part)
+                ex = math.fsum(q[1] - q[3] for q in part) / len(part)
+                miss = sum(not q[2] for q in part) / len(part)
+                fig = {"kl_mean_mnats": ex, "kl_p99_mnats": quantile(kls, 0.99), "same_top_rate": 1.0 - miss}
+                rat = ratio_of(_ns(fig), new)
+                if r["kind"] == "honest":
+                    sizes.append(len(part))
+                    excess.append(ex)
+                    honest.append(rat)
+                    each = (
+                        ex / new.kl_mean_limit,
+                        fig["kl_p99_mnats"] / new.kl_p99_limit,
+                        miss / new.same_top_miss_limit,
+                    )
+                    for i, x in enumerate(each):
+                        by[i] += x > 1
+                else:
+                    lossy.append(rat)
+        if not honest:
+            continue
+        mu = math.fsum(excess) / len(excess)
+        sd = math.sqrt(math.fsum((e - mu) ** 2 for e in excess) / max(1, len(excess) - 1))
+        print(
+            f"| {n} | {min(sizes)}-{max(sizes)} | {sd:.3f} | {sum(x > 1 for x in honest)} of {len(honest)} | "
+            f"{max(honest):.2f} | {by[0]} / {by[1]} / {by[2]} | "
+            f"{sum(x <= 1 for x in lossy)} of {len(lossy)} | {min(lossy):.2f} |"
+        )
+
+
+def _ns(fig: Mapping[str, Any]) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**fig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", type=Path)
@@ -200,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gate.core.verdict.floor import Floor
 
         old = doctrine_for(load_pin(MODEL)).floor
-        final_table(rows, old, Floor.from_dict(json.loads(a.floor.read_text()), str(a.floor)))
+        new = Floor.from_dict(json.loads(a.floor.read_text()), str(a.floor))
+        final_table(rows, old, new)
+        shard_table(rows, new)
     return 0
 
 

@@ -1,2 +1,2 @@
-"""gate's own data in a wheel: `oracle_pins/` and `goldens/`, copied from the checkout's top
-level at build time (setup.py); in a checkout this folder holds only this file."""
+"""gate's own data: `oracle_pins/` and `goldens/` (in a checkout, links to the top-level
+folders; in a wheel, their files) and `models/` (the Qwen3.6 test checkpoint)."""

@@ -246,6 +246,30 @@ class CapturesPaths(Protocol):
     def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Capture: ...
 
 
+@runtime_checkable
+class CapturesReference(Protocol):
+    """What `gate diagnose` needs of its reference and honest engine (the registry's
+    `REFERENCE`): a path's capture that can keep lm_head's rows from position `logits_from` on
+    (so one prefill stands for both paths), both paths from one prefill, and widening its
+    loaded weights to float32 in place where that equals a float32 load."""
+
+    def capture_path(
+        self,
+        prompt_token_ids: Sequence[int],
+        context_token_ids: Sequence[int],
+        path: str,
+        logits_from: int | None = None,
+    ) -> Capture: ...
+
+    def capture_paths_shared(
+        self, decode_prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], logits_from: int = 0
+    ) -> dict[str, Capture]: ...
+
+    def widens_exactly(self) -> bool: ...
+
+    def widen(self) -> None: ...
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 

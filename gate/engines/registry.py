@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from gate.core.engine import Engine, check_contract
+from gate.core.engine import CapturesReference, Engine, check_contract
 from gate.errors import EngineError, InputError
 from gate.text import did_you_mean
 from gate.version import install_line
@@ -27,6 +27,19 @@ BUILTIN: dict[str, str] = {
     "mlx": "gate.engines.mlx.engine:MLXEngine",
 }
 ENTRY_POINT_GROUP = "gate.engines"
+# The engine of every reference gate computes itself (gate diagnose's float32 reference and
+# honest band, the pin's float32 reference lists), the self-test's mutants of it, and the
+# modules whose code decides what its captures hold (gate diagnose's cache keys on them).
+REFERENCE = "hf"
+MUTANTS = {"hf": "gate.engines.hf.mutants"}
+REFERENCE_SOURCES = ("gate.engines.hf.capture", "gate.engines.hf.engine")
+
+if TYPE_CHECKING:
+    from gate.core.calibration.selftest import BuildsMutants
+
+
+class ReferenceEngine(Engine, CapturesReference, Protocol):
+    """The reference engine as `load_reference` gives it: an engine that captures and widens."""
 
 
 def available() -> dict[str, str]:
@@ -88,3 +101,18 @@ def load_engine(name: str, model: str, options: Mapping[str, str] | None = None)
         raise EngineError(f"engine {name!r} failed to load {model}: {type(exc).__name__}: {exc}") from exc
     check_contract(engine, repr(name))
     return engine
+
+
+def load_reference(model: str, **options: Any) -> ReferenceEngine:
+    """The `REFERENCE` engine on `model` (a folder or a model id) with typed `options`
+    (`dtype="float32"`, `tokenizer=False`, ...); the caller closes it."""
+    engine = resolve(REFERENCE)(model, **options)
+    if not isinstance(engine, CapturesReference):
+        engine.close()
+        raise EngineError(f"engine {REFERENCE!r} cannot capture a reference")
+    return cast("ReferenceEngine", engine)
+
+
+def mutants(name: str = "hf") -> BuildsMutants:
+    """The self-test's mutants of engine `name` (`MUTANTS`): the module that builds them."""
+    return cast("BuildsMutants", importlib.import_module(MUTANTS[name]))

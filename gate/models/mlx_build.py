@@ -76,20 +76,9 @@ def mlx_quantised(
     src = Path(source).expanduser()
     if not (src / "config.json").is_file():
         raise InputError(f"{src}: not a model folder (no config.json) to quantise with mlx-lm")
-    hashes = source_hashes(src)
     target = mlx_model_dir(src, bits, group_size, dtype, cache_dir)
-    if target.exists():
-        problem = check_mlx_folder(target, source_weights_sha256=hashes["weights_sha256"])
-        if problem is None:
-            return target
-        say(f"the cached MLX build at {target} failed its check ({problem}); rebuilding it")
-    else:
-        say(f"building the MLX {bits}-bit build (group size {group_size}) of {src} into {target} (once)")
-    build_and_publish(target, lambda tmp: _build(src, tmp, bits, group_size, dtype, hashes))
-    problem = check_mlx_folder(target, source_weights_sha256=hashes["weights_sha256"])
-    if problem is not None:
-        raise EngineError(f"the MLX build at {target} does not pass its own check: {problem}")
-    return target
+    what = f"MLX {bits}-bit build (group size {group_size}) of {src}"
+    return _cached(src, target, bits, group_size, dtype, ("MLX build", f"building the {what}"), say)
 
 
 def mlx_converted(
@@ -105,20 +94,30 @@ def mlx_converted(
     src = Path(source).expanduser()
     if not (src / "config.json").is_file():
         raise InputError(f"{src}: not a model folder (no config.json) to convert with mlx-lm")
-    hashes = source_hashes(src)
     root = Path(cache_dir).expanduser() if cache_dir is not None else gate_cache_dir() / "models"
     target = root / f"{src.name}-mlx-{dtype}"
+    names = ("MLX conversion", f"converting {src} with mlx-lm ({dtype})")
+    return _cached(src, target, None, DEFAULT_GROUP_SIZE, dtype, names, say)
+
+
+def _cached(
+    src: Path, target: Path, bits: int | None, group_size: int, dtype: str | None, names: tuple[str, str], say: Log
+) -> Path:
+    """`target`, the build of `src` (`names`: what it is called, what building it is called),
+    kept when it passes its check, else built (atomically) and checked."""
+    what, doing = names
+    hashes = source_hashes(src)
     if target.exists():
         problem = check_mlx_folder(target, source_weights_sha256=hashes["weights_sha256"])
         if problem is None:
             return target
-        say(f"the cached MLX conversion at {target} failed its check ({problem}); rebuilding it")
+        say(f"the cached {what} at {target} failed its check ({problem}); rebuilding it")
     else:
-        say(f"converting {src} with mlx-lm ({dtype}) into {target} (once)")
-    build_and_publish(target, lambda tmp: _build(src, tmp, None, DEFAULT_GROUP_SIZE, dtype, hashes))
+        say(f"{doing} into {target} (once)")
+    build_and_publish(target, lambda tmp: _build(src, tmp, bits, group_size, dtype, hashes))
     problem = check_mlx_folder(target, source_weights_sha256=hashes["weights_sha256"])
     if problem is not None:
-        raise EngineError(f"the MLX conversion at {target} does not pass its own check: {problem}")
+        raise EngineError(f"the {what} at {target} does not pass its own check: {problem}")
     return target
 
 

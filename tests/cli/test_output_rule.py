@@ -34,7 +34,7 @@ def _selftest(monkeypatch: pytest.MonkeyPatch, toy: dict[str, Any]) -> list[str]
     """`gate selftest` over the fake engine: the run itself is replaced by a canned result
     (the mutants need torch and a real model), the output path is the command's own."""
     pytest.importorskip("torch")
-    import gate.workflows.calibration.mutants as mutants
+    import gate.engines.hf.mutants as mutants
     import gate.workflows.calibration.selftest as selftest
     from gate.core.calibration.selftest import SelfTestResult, Verdict
     from gate.core.verdict.doctrine import Doctrine

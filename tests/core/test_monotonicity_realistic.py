@@ -39,13 +39,13 @@ def test_realistic_candidates_stay_failing_under_every_evidence_cut(tmp_path: Pa
     from gate.core.verdict.doctrine import Doctrine, Evidence
     from gate.core.verdict.floor import Floor
     from gate.engines.hf.engine import HFEngine
-    from gate.errors import InputError
-    from gate.workflows.calibration.mutants import (
+    from gate.engines.hf.mutants import (
         ConfinedRunnerUpHFEngine,
         DecodePositionShiftedHFEngine,
         KVQuantisedHFEngine,
         WeightQuantisedHFEngine,
     )
+    from gate.errors import InputError
 
     with one_thread():
         weights, pins = build_tiny_pin(tmp_path)

@@ -305,3 +305,19 @@ def test_its_capabilities_are_the_contracts_protocols(llama: HFEngine) -> None:
     assert all(a.shape[0] == len(context) and a.dtype == np.float32 for a in acts.values())
     only = llama.capture_activations(context, names=["model.layers.0"])
     assert list(only) == ["model.layers.0"] and np.array_equal(only["model.layers.0"], acts["model.layers.0"])
+
+
+def test_the_reference_engine_and_its_mutants_come_through_the_registry() -> None:
+    """What the workflows reach without importing a backend: the registry's reference engine
+    captures and widens (`CapturesReference`), its mutants build the self-test's faults, and the
+    modules gate diagnose's cache keys on exist."""
+    import importlib.util
+
+    from gate.core.engine import CapturesReference
+    from gate.engines import registry
+
+    assert registry.resolve(registry.REFERENCE) is HFEngine
+    assert issubclass(HFEngine, CapturesReference)
+    built = registry.mutants()
+    assert callable(built.mutations) and callable(built.baseline_loader)
+    assert all(importlib.util.find_spec(name) is not None for name in registry.REFERENCE_SOURCES)

@@ -108,25 +108,15 @@ def _run(*args: str) -> dict[str, Any]:
     return report
 
 
-def _defects(report: dict[str, Any]) -> set[tuple[str, int]]:
-    return {(d["prompt_id"], d["position"]) for d in report["divergences"] if d["class"] == "defect"}
-
-
 def test_the_reference_implementation_passes_its_own_pin_bit_for_bit() -> None:
     report = _run("--engine", "hf", "--engine-opt", "threads=1")
     assert report["verdict"] == "strict_pass"
 
 
-@pytest.fixture(scope="module")
-def reference_in_float32() -> dict[str, Any]:
-    """transformers itself in float32 against the bf16 pin: where the pin's bf16 arithmetic
-    moved a choice, the reference at full precision leaves the pin too."""
-    return _run("--engine", "hf", "--engine-opt", "threads=1", "--engine-opt", "dtype=float32")
-
-
 @pytest.mark.parametrize(
     ("engine_name", "opts"),
     [
+        pytest.param("hf", ["--engine-opt", "threads=1", "--engine-opt", "dtype=float32"], id="hf-float32"),
         pytest.param(
             "llamacpp",
             ["--engine-opt", "threads=1"],
@@ -142,15 +132,14 @@ def reference_in_float32() -> dict[str, Any]:
         pytest.param("mlx", [], id="mlx", marks=pytest.mark.skipif(not have("mlx_lm"), reason="no mlx-lm")),
     ],
 )
-def test_an_honest_float32_engine_leaves_the_pin_only_where_the_reference_in_float32_does(
-    engine_name: str, opts: list[str], reference_in_float32: dict[str, Any]
-) -> None:
-    """llama.cpp (bf16 weights, float32 arithmetic) and MLX (float32) are honest builds: every
-    token is ratified except where transformers in float32 leaves the bf16 pin as well (one
-    position of 1239 on this checkpoint: docs/results/qwen36-tiny.md)."""
+def test_an_honest_build_passes(engine_name: str, opts: list[str]) -> None:
+    """transformers in float32, llama.cpp (bf16 weights, float32 arithmetic), its server and MLX
+    (float32) are honest builds of the bf16 pin's weights: each passes, every divergence a tie.
+    (The first build of the checkpoint failed all four at one position, where a router near tie
+    flipped an expert between bf16 and float32: docs/results/qwen36-tiny.md.)"""
     report = _run("--engine", engine_name, *opts)
-    assert report["counts"]["ratified_pass"] >= 40
-    assert _defects(report) <= _defects(reference_in_float32), report["reason"]
+    assert report["verdict"] in ("strict_pass", "ratified_pass"), report["reason"]
+    assert report["exit_code"] == 0 and report["counts"]["defects"] == 0
 
 
 def test_a_planted_deltanet_fault_fails_on_hf() -> None:

@@ -66,3 +66,28 @@ def test_a_gguf_of_other_weights_is_refused(copy: Path, tmp_path: Path) -> None:
     target.write_bytes(b"GGUF" + bytes(61))
     with pytest.raises(InputError, match="does not match its sha256"):
         gguf_path()
+
+
+def test_its_pin_looks_like_a_trained_models() -> None:
+    """The committed pin's distributions are a trained model's, not a random initialisation's:
+    peaked where the teacher was sure (top-1 above 0.9 at many positions), close where it
+    hesitated (top two within the default near-tie threshold) and exactly tied somewhere
+    (bf16 logits), as on the real model (docs/reference/qwen36-test-checkpoint.md)."""
+    import math
+
+    from gate.core.pins.pin import load_pin
+
+    top1: list[float] = []
+    exact = near = 0
+    for record in load_pin(QWEN_TINY).trace.records:
+        for pos in record.top_logprobs or ():
+            (_, first), (_, second) = pos[0], pos[1]
+            top1.append(math.exp(first))
+            exact += first == second
+            near += 0 < (first - second) * 1000 <= 125
+    top1.sort()
+    median = top1[len(top1) // 2]
+    assert len(top1) >= 1000  # 41 prompts of up to 32 tokens
+    assert 0.3 <= median <= 0.9, median
+    assert sum(p > 0.9 for p in top1) >= 0.1 * len(top1)
+    assert exact >= 3 and near >= 20, (exact, near)

@@ -49,7 +49,12 @@ def test_each_kind_of_fault_is_found(tmp_path: Path) -> None:
             "gate/cli/main.py": "x = 1\n" * 7,  # too long at --max-lines 5
             "gate/core/trace.py": "y = 2\n" * 7,  # too long too: no module is exempt
             "gate/workflows/__init__.py": "",
-            "gate/workflows/w.py": "import gate.engines.hf.e\n",  # down: fine
+            "gate/workflows/w.py": "import gate.engines.registry\n",  # down, through the registry: fine
+            "gate/workflows/x.py": (  # a concrete backend, at the top, lazily and by name: never
+                "import gate.engines.hf.e\n"
+                "def f():\n    from gate.engines import vllm\n"
+                "SOURCES = ('gate.engines.hf.e', 'gate.engines.registry', 'a gate.engines.hf word')\n"
+            ),
             "gate/reports/__init__.py": "",
             "gate/reports/r.py": "from gate.workflows import w\n",  # a sibling floor
             "gate/engines/__init__.py": "",
@@ -58,11 +63,12 @@ def test_each_kind_of_fault_is_found(tmp_path: Path) -> None:
             "gate/engines/hf/e.py": "import gate.engines.vllm.e\nfrom gate.engines import _common\n",
             "gate/engines/vllm/__init__.py": "",
             "gate/engines/vllm/e.py": "from gate.core import a\n",
+            "gate/engines/registry.py": "",
             "gate/stray.py": "",  # on no floor
         },
     )
     found, count = layers().findings(tmp_path, 5)
-    assert count == 21
+    assert count == 23
     assert found == [
         "import cycle: gate.core.a <-> gate.core.b",
         "upward import: gate.core.c (core) -> gate.cli.main (cli)",
@@ -72,6 +78,9 @@ def test_each_kind_of_fault_is_found(tmp_path: Path) -> None:
         "sideways import: gate.reports.r (reports) -> gate.workflows (workflows)",
         "sideways import: gate.reports.r (reports) -> gate.workflows.w (workflows)",
         "module on no floor: gate.stray (scripts/layers.py FLOORS)",
+        "workflow reaches an engine backend: gate.workflows.x imports gate.engines.hf.e (use the registry)",
+        "workflow reaches an engine backend: gate.workflows.x imports gate.engines.vllm (use the registry)",
+        "workflow names an engine backend: gate.workflows.x names 'gate.engines.hf.e' (use the registry)",
         "long module: gate/cli/main.py (7 lines)",
         "long module: gate/core/trace.py (7 lines)",
     ]

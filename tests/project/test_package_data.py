@@ -29,7 +29,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ).stdout.split("\n")
     for name in filter(None, files):
         path = ROOT / name
-        if path.is_file() and not path.is_symlink():
+        if path.is_symlink():  # gate/_data's links to the top-level data folders, as git keeps them
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).symlink_to(os.readlink(path))
+        elif path.is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, src / name)
     out = build / "wheel"
@@ -47,6 +50,21 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with zipfile.ZipFile(whl) as z:
         z.extractall(site)
     return site
+
+
+def test_the_pins_and_goldens_have_one_home() -> None:
+    """The top-level folders are the only copy: gate/_data links to them, and gate finds its
+    own data through that link (no other way of telling a checkout from a wheel)."""
+    from gate.core.storage import files
+
+    for name in ("oracle_pins", "goldens"):
+        link = ROOT / "gate" / "_data" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), name
+        assert files.own_data_dir(name) == (ROOT / name).resolve(), name
+    assert "pyproject.toml" not in Path(files.__file__).read_text()
+    pin = ROOT / "oracle_pins" / MODEL / "pin.jsonl"
+    assert not files.is_packaged(pin) and not files.is_packaged(ROOT / "gate" / "_data" / "oracle_pins" / MODEL)
+    assert files.portable_path(pin, files.local_places(cwd=Path("/nonexistent"))) == f"oracle_pins/{MODEL}/pin.jsonl"
 
 
 def test_the_build_backend_has_nothing_to_warn_about(wheel: Path) -> None:

@@ -52,7 +52,7 @@ def test_a_planted_attention_bug_in_layer_9_is_located_there(default: tuple[str,
 
 
 def test_the_skip_layer_mutant_is_located_at_its_layer(default: tuple[str, Any, Any, Any]) -> None:
-    from gate.workflows.calibration.mutants import LayerSkippedHFEngine
+    from gate.engines.hf.mutants import LayerSkippedHFEngine
 
     d = run(default, LayerSkippedHFEngine(default[0]))
     assert d.finding.first is not None and d.finding.first.layer == 15, d.summary

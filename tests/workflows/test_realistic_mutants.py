@@ -1,4 +1,4 @@
-"""The doctrine study's realistic candidates (`gate.workflows.calibration.mutants.realistic_mutations`) do
+"""The doctrine study's realistic candidates (`gate.engines.hf.mutants.realistic_mutations`) do
 what they say, on a tiny random Llama: quantised weights are on their integer grid, the KV
 cache is read back through its round trip, the decode path alone is shifted, confined biases
 stay confined, and the penalised sampler chooses apart from the logprobs it reports.
@@ -23,7 +23,7 @@ def test_realistic_candidates_alter_what_they_say(tmp_path: Path) -> None:
     from gate.core.engine import PromptInput
     from gate.engines.hf.engine import HFEngine
     from gate.engines.hf.layers import decoder_layers
-    from gate.workflows.calibration.mutants import (
+    from gate.engines.hf.mutants import (
         ConfinedRunnerUpHFEngine,
         DecodePositionShiftedHFEngine,
         KVQuantisedHFEngine,

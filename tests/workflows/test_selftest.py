@@ -51,7 +51,7 @@ def tiny_pin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
 
 @pytest.fixture(scope="module")
 def selftest(tiny_pin: tuple[Path, Path]) -> SelfTestResult:
-    from gate.workflows.calibration.mutants import baseline_loader, mutations
+    from gate.engines.hf.mutants import baseline_loader, mutations
 
     weights, pins = tiny_pin
     pin = load_pin(MODEL, pins)
@@ -185,7 +185,7 @@ def test_exact_top2_ties_counts_bit_equal_pairs(tiny_pin: tuple[Path, Path]) -> 
 
 
 def test_unknown_mutant_name_is_an_input_error(tiny_pin: tuple[Path, Path]) -> None:
-    from gate.workflows.calibration.mutants import mutations
+    from gate.engines.hf.mutants import mutations
 
     weights, _ = tiny_pin
     with pytest.raises(InputError, match="'nope': unknown mutant"):
@@ -236,7 +236,7 @@ def test_selftest_cli_on_the_tiny_pin(tiny_pin: tuple[Path, Path], capsys: pytes
 def test_runner_up_is_argmax_order_without_the_top() -> None:
     import torch
 
-    from gate.workflows.calibration.mutants import runner_up
+    from gate.engines.hf.mutants import runner_up
 
     assert runner_up(torch.tensor([1.0, 3.0, 3.0, 2.0])) == 2  # a tied runner-up: the next id
     assert runner_up(torch.tensor([5.0, 3.0, 4.0, 4.0])) == 2
@@ -245,7 +245,7 @@ def test_runner_up_is_argmax_order_without_the_top() -> None:
 def test_raise_by_steps_walks_the_dtype_grid_across_a_power_of_two() -> None:
     import torch
 
-    from gate.workflows.calibration.mutants import raise_by_steps
+    from gate.engines.hf.mutants import raise_by_steps
 
     x = torch.tensor(15.9375)  # the last bf16 number below 16 (step 1/16)
     assert float(raise_by_steps(x, 1, torch.bfloat16)) == 16.0
@@ -258,7 +258,7 @@ def test_raise_by_steps_walks_the_dtype_grid_across_a_power_of_two() -> None:
 def test_the_layer_skip_and_its_bounds(tiny_pin: tuple[Path, Path]) -> None:
     from gate.core.engine import PromptInput
     from gate.engines.hf.engine import HFEngine
-    from gate.workflows.calibration.mutants import LayerSkippedHFEngine
+    from gate.engines.hf.mutants import LayerSkippedHFEngine
 
     weights, _ = tiny_pin
     with one_thread():

@@ -2,7 +2,7 @@
 injected into an engine, and as what?
 
 The run is `gate.workflows.calibration.selftest`; the faults themselves live with the engines
-(`gate.workflows.calibration.mutants`) and arrive as `Mutation`s that build an engine. No torch here.
+(`gate.engines.hf.mutants`) and arrive as `Mutation`s that build an engine. No torch here.
 
 For a pin, the unmutated engine first records a *reference*: its own free run over the
 pinned prompts, taken as an oracle trace. Each mutated engine then runs the same prompts
@@ -21,9 +21,9 @@ gate must call it (`Expectation`); the self-test passes when every mutation meet
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gate.core.engine import Engine
 from gate.core.traces.trace import Trace, TraceHeader
@@ -63,6 +63,17 @@ class Mutation:
     def __post_init__(self) -> None:
         if self.expect not in EXPECTATIONS:
             raise ValueError(f"mutation {self.name!r}: unknown expectation {self.expect!r}")
+
+
+class BuildsMutants(Protocol):
+    """What an engine offers the self-test (`gate.engines.registry.mutants`): its unmutated
+    build and its faults, on `model` with the user's `--engine-opt` strings."""
+
+    def baseline_loader(self, model: str, options: Mapping[str, str]) -> Callable[[], Engine]: ...
+
+    def mutations(
+        self, model: str, options: Mapping[str, str], *, only: Sequence[str] | None = None
+    ) -> list[Mutation]: ...
 
 
 @dataclass(frozen=True, slots=True)

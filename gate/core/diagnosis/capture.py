@@ -23,7 +23,70 @@ ROUTER = "router"
 RESIDUAL = "residual"  # the residual stream after a decoder layer (the layer's output)
 FINAL_NORM = "final_norm"
 LM_HEAD = "lm_head"
-PARTS = (EMBEDDING, NORM, ATTENTION, MLP, EXPERTS, ROUTER, RESIDUAL, FINAL_NORM, LM_HEAD)
+# Qwen3.5/3.6's parts (Gated DeltaNet, gated attention, MoE with a shared expert), each a
+# sub-part of its block; the part names a report prints are PART_WORDS'.
+LINEAR_ATTENTION = "linear_attention"  # the Gated DeltaNet's output (its out_proj's)
+LA_CONV = "linear_attention.conv1d"  # the causal conv1d's output (after its SiLU): q, k, v
+LA_DELTA = "linear_attention.delta_rule"  # the gated delta rule's core output, before the norm
+LA_GATE = "linear_attention.output_gate"  # the output gate z (in_proj_z)
+LA_NORM = "linear_attention.norm"  # the gated RMSNorm's output (norm(core) * silu(z))
+ATT_GATE = "attention.output_gate"  # sigmoid of the gate half of q_proj's output
+ATT_CORE = "attention.core"  # softmax(q.k)v over rotary positions, before the output gate
+ROUTER_CHOICE = "router.choice"  # the chosen experts' weights, [positions, experts] (0 elsewhere)
+ROUTED = "experts.routed"  # the routed experts' weighted sum
+SHARED = "experts.shared"  # the shared expert's output, before its gate
+SHARED_GATE = "experts.shared_gate"  # the shared expert's sigmoid gate
+SHARED_GATED = "experts.shared_gated"  # what the shared expert adds: the block's output minus the routed experts'
+SUB_PARTS = (
+    LINEAR_ATTENTION,
+    LA_CONV,
+    LA_DELTA,
+    LA_GATE,
+    LA_NORM,
+    ATT_GATE,
+    ATT_CORE,
+    ROUTER_CHOICE,
+    ROUTED,
+    SHARED,
+    SHARED_GATE,
+    SHARED_GATED,
+)
+PARTS = (EMBEDDING, NORM, ATTENTION, MLP, EXPERTS, ROUTER, RESIDUAL, FINAL_NORM, LM_HEAD, *SUB_PARTS)
+PART_WORDS = {
+    LINEAR_ATTENTION: "linear attention: out_proj",
+    LA_CONV: "linear attention: conv1d",
+    LA_DELTA: "linear attention: gated delta rule",
+    LA_GATE: "linear attention: output gate (z)",
+    LA_NORM: "linear attention: gated RMSNorm (norm)",
+    ATT_GATE: "attention: output gate",
+    ATT_CORE: "attention: softmax(q·k)·v with rotary positions, before the output gate",
+    ROUTER_CHOICE: "MoE router: chosen experts",
+    ROUTED: "MoE: routed experts",
+    SHARED: "MoE: shared expert",
+    SHARED_GATE: "MoE: shared expert's sigmoid gate",
+    SHARED_GATED: "MoE: shared expert × its sigmoid gate",
+}
+# Sub-part capture points by (the layer's child, the name after it): module names where the
+# module exists (`linear_attn.conv1d`), else a name for the value read (`linear_attn.delta_rule`).
+SUB_NAMES = {
+    ("linear_attn", "conv1d"): LA_CONV,
+    ("linear_attn", "delta_rule"): LA_DELTA,
+    ("linear_attn", "in_proj_z"): LA_GATE,
+    ("linear_attn", "norm"): LA_NORM,
+    ("self_attn", "output_gate"): ATT_GATE,
+    ("self_attn", "core"): ATT_CORE,
+    ("mlp", "gate.choice"): ROUTER_CHOICE,
+    ("mlp", "experts"): ROUTED,
+    ("mlp", "shared_expert"): SHARED,
+    ("mlp", "shared_expert_gate"): SHARED_GATE,
+    ("mlp", "shared_expert.gated"): SHARED_GATED,
+}
+
+
+def part_words(part: str) -> str:
+    """A part as a report names it: `linear attention: conv1d`, `final norm`."""
+    return PART_WORDS.get(part, part.replace("_", " "))
+
 
 # A decoder layer's child modules by name, as the model families gate captures call them.
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer")
@@ -36,6 +99,8 @@ def part_of(name: str, module: Any, expert_attrs: tuple[str, ...] = ("experts",)
     lower = name.lower()
     if "norm" in lower:
         return NORM
+    if lower == "linear_attn":
+        return LINEAR_ATTENTION
     if lower in ATTENTION_NAMES:
         return ATTENTION
     if lower in MLP_NAMES:
@@ -200,6 +265,11 @@ def point_of_module(module: str, layer_count: int) -> Point | None:
         rest = module[m.end() :].lower()
         if not child:
             return Point(layer, RESIDUAL, module)
+        sub = SUB_NAMES.get((child, rest.strip(".")))
+        if sub is not None:
+            return Point(layer, sub, module)
+        if child == "linear_attn":
+            return Point(layer, LINEAR_ATTENTION, module) if not rest else None
         if "norm" in child:
             return Point(layer, NORM, module)
         if "attn" in child or "attention" in child or child == "mixer":

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.core.diagnosis.capture import FINAL_NORM, LM_HEAD
+from gate.core.diagnosis.capture import FINAL_NORM, LM_HEAD, part_words
 
 SCHEMA = 1
 # Exit codes of `gate diagnose` beyond the spec's 2 (input) and 3 (engine).
@@ -205,12 +205,13 @@ class Diagnosis:
 
 
 def where_text(e: LayerError, layer_count: int) -> str:
-    """`layer 9, attention` / `the embedding` / `the final norm` / `lm_head`."""
+    """`layer 9, attention` / `layer 2, linear attention: conv1d` / `the embedding` / `the final
+    norm` / `lm_head`."""
     if e.layer < 0:
         return "the embedding"
     if e.layer >= layer_count and e.part in (FINAL_NORM, LM_HEAD):
         return "the final norm" if e.part == FINAL_NORM else "lm_head"
-    return f"layer {e.layer}, {e.part.replace('_', ' ')}"
+    return f"layer {e.layer}, {part_words(e.part)}"
 
 
 def times(x: float) -> str:

@@ -11,43 +11,39 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# The checkout gate runs from (an editable install): its oracle_pins/ and goldens/ hold the
-# committed ones.
+# The folder above the package: in a checkout (an editable install), the repository's root.
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHUNK = 1 << 20
-# In a wheel the checkout's top-level data folders (oracle_pins/, goldens/) are package data
-# under gate/_data/ (setup.py maps them there), found with importlib.resources.
+# gate's own data folders (oracle_pins/, goldens/) have one home, the repository's top level;
+# `gate/_data/<name>` is a symbolic link to it, which the wheel's build follows (setup.py), so
+# one way finds them everywhere: importlib.resources, `gate/_data/<name>`. In a checkout that
+# is the link, resolved to the top-level folder (written to by `gate pin record`); in a wheel,
+# the package's own copy (never written to).
 PACKAGE_DATA = "_data"
-
-
-def packaged_data_dir(dirname: str) -> Path | None:
-    """The installed package's own copy of a data folder (`gate/_data/<dirname>`), if any."""
-    found = importlib.resources.files("gate").joinpath(PACKAGE_DATA, dirname)
-    # A package on the file system gives a Path; one imported from a zip has no folder to walk.
-    return found if isinstance(found, Path) and found.is_dir() else None
+DATA_DIRS = ("oracle_pins", "goldens")
 
 
 def own_data_dir(dirname: str) -> Path | None:
-    """gate's own data folder: the installed package's (`packaged_data_dir`), else the
-    top-level `dirname/` of the checkout gate runs from; None when neither has one."""
-    packaged = packaged_data_dir(dirname)
-    if packaged is not None:
-        return packaged
-    checkout = REPO_ROOT / dirname
-    return checkout if (REPO_ROOT / "pyproject.toml").is_file() and checkout.is_dir() else None
+    """gate's own data folder `dirname` (`gate/_data/<dirname>`, a checkout's link followed),
+    None when there is none (a package imported from a zip has no folder to walk)."""
+    found = importlib.resources.files("gate").joinpath(PACKAGE_DATA, dirname)
+    if not isinstance(found, Path) or not found.is_dir():
+        return None
+    return found.resolve() if found.is_symlink() else found
 
 
-def _own_root() -> Path:
-    """The folder gate's own data folders sit in: the checkout gate runs from, else (an
-    installed wheel) `gate/_data/`, so a pin of gate's own is said `oracle_pins/...` in both."""
-    if (REPO_ROOT / "pyproject.toml").is_file():
-        return REPO_ROOT
-    root = importlib.resources.files("gate").joinpath(PACKAGE_DATA)
-    return root if isinstance(root, Path) else REPO_ROOT
+def _own_roots() -> list[Path]:
+    """The folders gate's own data folders sit in, so a pin of gate's own is said
+    `oracle_pins/...` from any folder: the one each link leads to (a checkout's root), then
+    `gate/_data/` (an installed wheel's, whose folders are its own)."""
+    roots = [found.parent for name in DATA_DIRS if (found := own_data_dir(name)) is not None]
+    data = importlib.resources.files("gate").joinpath(PACKAGE_DATA)
+    return list(dict.fromkeys([*roots, *([data] if isinstance(data, Path) else [])]))
 
 
 def is_packaged(path: Path) -> bool:
-    """True when `path` lies inside the installed package's data (never written to)."""
+    """True when `path` lies inside the installed package's data (never written to); a
+    checkout's links lead out of it, to the top-level folders."""
     root = importlib.resources.files("gate").joinpath(PACKAGE_DATA)
     return isinstance(root, Path) and Path(path).resolve().is_relative_to(root.resolve())
 
@@ -110,7 +106,7 @@ def local_places(*, cwd: Path | None = None) -> tuple[tuple[Path, str], ...]:
     places: list[tuple[Path, str]] = []
     with contextlib.suppress(RuntimeError, KeyError):  # no home folder to put it under
         places.append((gate_cache_dir(), CACHE_MARK))
-    for base in (cwd if cwd is not None else _cwd(), _own_root()):
+    for base in (cwd if cwd is not None else _cwd(), *_own_roots()):
         if base is not None and (home is None or not _under(home, base)) and base.parent != base:
             places.append((base, ""))
     if home is not None and home.parent != home:

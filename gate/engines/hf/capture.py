@@ -40,6 +40,7 @@ from gate.core.diagnosis.capture import (
 from gate.engines.hf.layers import decoder_layers
 from gate.engines.hf.routing import find_routers
 from gate.engines.hf.schedules import croppable
+from gate.engines.hf.subparts import SubParts
 from gate.errors import InputError
 
 
@@ -69,6 +70,11 @@ def capture_points(model: Any) -> list[tuple[Point, Any]]:
     if head is not None:
         out.append((Point(count, LM_HEAD, names.get(id(head), "lm_head")), head))
     return out
+
+
+def _layers_named(model: Any) -> list[tuple[int, str, Any]]:
+    names = {id(m): n for n, m in model.named_modules()}
+    return [(i, names.get(id(layer), f"layers.{i}"), layer) for i, layer in enumerate(decoder_layers(model))]
 
 
 def _final_norm(model: Any) -> Any | None:
@@ -103,6 +109,8 @@ class CaptureHooks:
         self.order: list[int] = []  # point indexes in the order they first fired
         self.rows: dict[int, list[tuple[int, np.ndarray]]] = {}
         self.handles = [m.register_forward_hook(self._hook(i)) for i, (_, m) in enumerate(self.points)]
+        self.subparts = SubParts(_layers_named(model), len(self.points), self._emit)
+        self.points += [(p, None) for p in self.subparts.points]
 
     def begin(self, start: int, tokens: int) -> None:
         self.start, self.tokens = start, tokens
@@ -117,22 +125,30 @@ class CaptureHooks:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self.subparts.remove()
+
+    def watching(self) -> Any:
+        """What the sub-part reads need around the forwards (gate.engines.hf.subparts)."""
+        return self.subparts.watching()
 
     def _hook(self, index: int) -> Any:
         def hook(module: Any, args: Any, output: Any) -> None:
             t = _first_tensor(output)
-            if t is None or t.ndim == 0:
-                return
-            flat = t.detach().reshape(-1, t.shape[-1]) if t.ndim > 1 else t.detach().reshape(1, -1)
-            k = int(flat.shape[0])
-            if k > self.tokens:  # a module called over more rows than tokens: not per position
-                return
-            if index not in self.rows:
-                self.order.append(index)
-                self.rows[index] = []
-            self.rows[index].append((self.start + self.tokens - k, flat.float().cpu().numpy()))
+            if t is not None and t.ndim > 0:
+                self._emit(index, t)
 
         return hook
+
+    def _emit(self, index: int, t: torch.Tensor) -> None:
+        """Keep `t`'s rows (its last dimension the features) as point `index`'s at this forward's positions."""
+        flat = t.detach().reshape(-1, t.shape[-1]) if t.ndim > 1 else t.detach().reshape(1, -1)
+        k = int(flat.shape[0])
+        if k > self.tokens:  # a module called over more rows than tokens: not per position
+            return
+        if index not in self.rows:
+            self.order.append(index)
+            self.rows[index] = []
+        self.rows[index].append((self.start + self.tokens - k, flat.float().cpu().numpy()))
 
     def capture(self, path: str, context_length: int) -> Capture:
         tensors = []
@@ -161,7 +177,7 @@ def capture_hf(
         raise InputError("the context must start with the (non-empty) prompt")
     hooks = CaptureHooks(_begin_prompt(engine, prompt_ids))
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), hooks.watching():
             if path == PREFILL and logits_from is not None:
                 hooks.begin(0, len(context_ids))
                 ids = torch.tensor([list(context_ids)], dtype=torch.long, device=engine.device)
@@ -202,7 +218,7 @@ def capture_hf_shared(
         raise InputError(f"logits_from {logits_from}: the decode path's prompt ends at position {k - 1}")
     hooks = CaptureHooks(_begin_prompt(engine, decode_prompt_ids))
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), hooks.watching():
             hooks.begin(0, len(context_ids))
             ids = torch.tensor([list(context_ids)], dtype=torch.long, device=engine.device)
             engine._seq = 0

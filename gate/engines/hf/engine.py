@@ -65,6 +65,7 @@ from gate.engines._common import (
 )
 from gate.engines._common import stop_token_ids as _stop_token_ids
 from gate.engines._machine import host_machine
+from gate.engines.hf.loading import device_name, device_of, load_tokenizer
 from gate.engines.hf.routing import SOFTMAX, RouterHooks, find_routers
 from gate.engines.hf.schedules import PrefixCache, force_prefill, generate_batch, prefill_cached, prefill_chunked
 from gate.errors import EngineError, InputError
@@ -142,7 +143,7 @@ class HFEngine(TokenizerMethods):
         self.options = opts
         self.dtype = DTYPES[dtype_name]
         self.tie_break = tie_break
-        self.device = _device(str(opts["device"]))
+        self.device = device_of(str(opts["device"]))
         self.batch_size, self.prefill_chunk, self.force_mode = _schedule(opts)
         if opts["threads"] is not None:
             if opts["threads"] < 1:
@@ -163,7 +164,7 @@ class HFEngine(TokenizerMethods):
             # transformers' way of saying "no such folder or repo, or not cached offline".
             raise InputError(f"cannot load model {model!r}: {exc}") from None
         self.model: Any = loaded.to(self.device).eval()
-        self.tokenizer = _load_tokenizer(self.model_path, kwargs) if tokenizer else None
+        self.tokenizer = load_tokenizer(self.model_path, kwargs) if tokenizer else None
         self.stop_ids = _stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.vocab_size: int | None = getattr(self.model.config, "vocab_size", None)
         self.router_hooks = self._routing_hooks(opts)
@@ -184,7 +185,7 @@ class HFEngine(TokenizerMethods):
             "transformers": transformers.__version__,
             "torch": torch.__version__,
             "device": str(self.device),
-            "device_name": _device_name(self.device),
+            "device_name": device_name(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "tie_break": self.tie_break,
             "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
@@ -245,12 +246,38 @@ class HFEngine(TokenizerMethods):
         )
 
     # ------------------------------------------------------------------ gate diagnose
-    def capture_path(self, prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], path: str) -> Capture:
-        """`CapturesPaths`: forward hooks on this engine's own model (gate.engines.hf.capture),
-        loaded only for `gate diagnose`."""
+    def capture_path(
+        self,
+        prompt_token_ids: Sequence[int],
+        context_token_ids: Sequence[int],
+        path: str,
+        logits_from: int | None = None,
+    ) -> Capture:
+        """`CapturesPaths` and `CapturesReference`: forward hooks on this engine's own model
+        (gate.engines.hf.capture, loaded only for `gate diagnose`)."""
         from gate.engines.hf.capture import capture_hf
 
-        return capture_hf(self, prompt_token_ids, context_token_ids, path)
+        return capture_hf(self, prompt_token_ids, context_token_ids, path, logits_from=logits_from)
+
+    def capture_paths_shared(
+        self, decode_prompt_token_ids: Sequence[int], context_token_ids: Sequence[int], logits_from: int = 0
+    ) -> dict[str, Capture]:
+        """`CapturesReference`: both paths from one prefill (gate.engines.hf.capture)."""
+        from gate.engines.hf.capture import capture_hf_shared
+
+        return capture_hf_shared(self, decode_prompt_token_ids, context_token_ids, logits_from=logits_from)
+
+    def widens_exactly(self) -> bool:
+        """`CapturesReference`: whether `widen` gives this model's float32 load (gate.engines.hf.upcast)."""
+        from gate.engines.hf.upcast import widens_exactly
+
+        return widens_exactly(self)
+
+    def widen(self) -> None:
+        """`CapturesReference`: this engine's weights widened to float32 in place."""
+        from gate.engines.hf.upcast import widen
+
+        widen(self)
 
     def capture_activations(
         self, context_token_ids: Sequence[int], names: Sequence[str] | None = None
@@ -462,35 +489,3 @@ def _schedule(opts: Mapping[str, Any]) -> tuple[int, int, str]:
     if mode not in FORCE_MODES:
         raise InputError(f"--engine-opt force_mode={opts['force_mode']}: expected decode or prefill")
     return int(batch), int(chunk), mode
-
-
-def _device(name: str) -> torch.device:
-    kind = name.split(":", 1)[0].lower()
-    available = {
-        "cpu": lambda: True,
-        "cuda": torch.cuda.is_available,
-        "mps": lambda: bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
-        "xpu": lambda: bool(getattr(torch, "xpu", None) and torch.xpu.is_available()),
-    }
-    if kind not in available:
-        raise InputError(f"--engine-opt device={name}: expected cpu, cuda, cuda:N, mps or xpu")
-    if not available[kind]():
-        raise InputError(f"--engine-opt device={name}: this torch ({torch.__version__}) sees no {kind} device")
-    return torch.device(name)
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return str(torch.cuda.get_device_name(device))
-    return device.type
-
-
-def _load_tokenizer(path: str, kwargs: Mapping[str, Any]) -> Any | None:
-    """The model's tokenizer, or None when the folder has none (ids-only models)."""
-    from transformers import AutoTokenizer
-
-    extra = {k: v for k, v in kwargs.items() if k in ("trust_remote_code", "revision")}
-    try:
-        return AutoTokenizer.from_pretrained(path, **extra)
-    except (OSError, ValueError, TypeError):
-        return None

@@ -148,7 +148,7 @@ class SelftestRequest:
 def selftest_request(
     request: SelftestRequest, *, say: Say = silent, display: ProgressDisplay = no_progress
 ) -> SelfTestResult:
-    from gate.workflows.calibration.mutants import baseline_loader, mutations
+    from gate.engines.registry import mutants
 
     opts = parse_engine_opts(request.engine_opts)
     pin = load_pin(request.pin_model(), request.pins_dir)
@@ -157,11 +157,12 @@ def selftest_request(
     # the default mnats (`SELFTEST_NEAR_TIE_ULPS`: the one-step fault must come out ratified).
     doctrine = doctrine_for(pin, request.doctrine.overrides(), defaults={"near_tie_ulps": SELFTEST_NEAR_TIE_ULPS})
     weights = str(request.model_path) if request.model_path is not None else pin.model
-    chosen = mutations(weights, opts, only=list(request.only) if request.only is not None else None)
+    built = mutants()
+    chosen = built.mutations(weights, opts, only=list(request.only) if request.only is not None else None)
     with display() as progress:
         return run_selftest(
             pin,
-            baseline_loader(weights, opts),
+            built.baseline_loader(weights, opts),
             chosen,
             doctrine,
             progress=progress,

@@ -54,12 +54,11 @@ def pin_identity(pin: Pin) -> dict[str, Any]:
 def emit_context(pin: Pin, target: Target, model_path: str) -> ActivationContext:
     """The context for `target` and the modules gate compares there, from the reference
     (transformers float32 on `model_path`)'s capture of it."""
-    from gate.engines.hf.capture import capture_hf
-    from gate.engines.hf.engine import HFEngine
+    from gate.engines.registry import load_reference
 
-    ref = HFEngine(model_path, tokenizer=False, dtype="float32")
+    ref = load_reference(model_path, tokenizer=False, dtype="float32")
     try:
-        capture = capture_hf(ref, target.prompt_ids, target.context_ids, PREFILL)
+        capture = ref.capture_path(target.prompt_ids, target.context_ids, PREFILL)
     finally:
         ref.close()
     return ActivationContext(

@@ -38,6 +38,7 @@ from gate.core.diagnosis.capture import Capture, capture_from_arrays, capture_to
 from gate.core.diagnosis.locate import HonestBand
 from gate.core.storage.digests import known_sha256
 from gate.core.storage.files import file_sha256, gate_cache_dir
+from gate.engines.registry import REFERENCE_SOURCES
 from gate.version import __version__
 
 FORMAT = 1
@@ -46,8 +47,7 @@ REFERENCE = "reference.npz"
 BAND = "band.json"
 # The modules whose code decides what an entry holds: a change to any is another entry.
 SOURCES = (
-    "gate.engines.hf.capture",
-    "gate.engines.hf.engine",
+    *REFERENCE_SOURCES,
     "gate.core.diagnosis.capture",
     "gate.core.diagnosis.locate",
     "gate.core.diagnosis.metric",

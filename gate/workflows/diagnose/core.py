@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from gate.core.diagnosis.capture import DECODE, PATHS, PREFILL, Capture
 from gate.core.diagnosis.dump import named_capture
@@ -36,6 +36,7 @@ from gate.text import did_you_mean
 
 if TYPE_CHECKING:
     from gate.core.pins.pin import Pin
+    from gate.engines.registry import ReferenceEngine
 
 GIVEN = "given"  # the source of a position named on the command line
 # (prompt ids, context ids, path) -> the capture
@@ -288,31 +289,21 @@ def reference_engines(
             hon.close()
 
 
-def diagnose_engine(
-    engine: Any,
-    target: Target,
-    model_path: str,
-    *,
-    honest_dtype: str = "bfloat16",
-    margin: float = MARGIN,
-    model: str = "",
-    notes: Sequence[str] = (),
-    timings: Timings | None = None,
-    every_step: bool = False,
-) -> Diagnosis:
+class DiagnoseOptions(TypedDict, total=False):
+    """`diagnose_candidate`'s keyword options, as `diagnose_engine` passes them on."""
+
+    honest_dtype: str
+    margin: float
+    model: str
+    notes: Sequence[str]
+    timings: Timings | None
+    cache: bool
+    every_step: bool
+
+
+def diagnose_engine(engine: Any, target: Target, model_path: str, **options: Unpack[DiagnoseOptions]) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
-    return diagnose_candidate(
-        capturer_for(engine),
-        _describe(engine),
-        target,
-        model_path,
-        honest_dtype=honest_dtype,
-        margin=margin,
-        model=model,
-        notes=notes,
-        timings=timings,
-        every_step=every_step,
-    )
+    return diagnose_candidate(capturer_for(engine), _describe(engine), target, model_path, **options)
 
 
 def diagnose_candidate(
@@ -380,11 +371,12 @@ def diagnose_candidate(
     return out
 
 
-def load_hf(model_path: str, dtype: str) -> Any:
-    """A reference or honest engine: transformers on `model_path` in `dtype`, no tokenizer."""
-    from gate.engines.hf.engine import HFEngine
+def load_hf(model_path: str, dtype: str) -> ReferenceEngine:
+    """A reference or honest engine: the registry's reference engine (transformers) on
+    `model_path` in `dtype`, no tokenizer."""
+    from gate.engines.registry import load_reference
 
-    return HFEngine(model_path, tokenizer=False, dtype=dtype)
+    return load_reference(model_path, tokenizer=False, dtype=dtype)
 
 
 def reference_and_band(
@@ -399,32 +391,29 @@ def reference_and_band(
     """The reference capture (one float32 prefill over the context, standing for both paths),
     the honest band of each path and the two engines' descriptions, computed from one load
     of the weights where that is exact: the honest engine captures first, then its weights
-    are widened in place to float32 for the reference (gate.engines.hf.upcast); else the
+    are widened in place to float32 for the reference (`CapturesReference.widen`); else the
     reference is loaded on its own. Neither engine outlives this call."""
-    from gate.engines.hf.capture import capture_hf, capture_hf_shared
-    from gate.engines.hf.upcast import widen, widens_exactly
-
     context = target.context_ids
     with clock.phase("load reference and honest"):
         engine = load_hf(model_path, honest_dtype)
     try:
         with clock.phase("honest capture"):
             if set(paths) == {PREFILL, DECODE}:
-                honest = capture_hf_shared(engine, stepped, context, logits_from=logits_from)
+                honest = engine.capture_paths_shared(stepped, context, logits_from=logits_from)
             else:
                 (path,) = paths
                 prompt = stepped if path == DECODE else target.prompt_ids
                 rows = logits_from if path == PREFILL else None
-                honest = {path: capture_hf(engine, prompt, context, path, logits_from=rows)}
+                honest = {path: engine.capture_path(prompt, context, path, logits_from=rows)}
         honest_engine = _describe(engine)
         with clock.phase("load reference and honest"):
-            if widens_exactly(engine):
-                widen(engine)
+            if engine.widens_exactly():
+                engine.widen()
             else:
                 engine.close()
                 engine = load_hf(model_path, "float32")
         with clock.phase("reference capture"):
-            reference = capture_hf(engine, target.prompt_ids, context, PREFILL, logits_from=logits_from)
+            reference = engine.capture_path(target.prompt_ids, context, PREFILL, logits_from=logits_from)
         engines = {"reference": _describe(engine), "honest": honest_engine}
     finally:
         engine.close()

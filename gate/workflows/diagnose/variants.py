@@ -76,16 +76,15 @@ def capture_in_subprocess(
 def _child() -> None:
     import torch
 
-    from gate.engines.hf.capture import capture_hf
-    from gate.engines.hf.engine import HFEngine
+    from gate.engines.registry import load_reference
 
     spec = json.loads(sys.stdin.read())
     opts = dict(spec["options"])
     if "threads" not in opts:
         torch.set_num_threads(1)
-    engine = HFEngine(spec["model"], **opts)
+    engine = load_reference(spec["model"], **opts)
     for path in spec["paths"]:
-        capture = capture_hf(engine, spec["prompt"], spec["context"], path)
+        capture = engine.capture_path(spec["prompt"], spec["context"], path)
         np.savez(Path(spec["out"]) / f"{path}.npz", **capture_to_arrays(capture))  # type: ignore[arg-type]
     print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability()}))
 

@@ -168,6 +168,21 @@ class _Runner:
             closer.__exit__(None, None, None)
 
 
+@dataclass(frozen=True, slots=True)
+class _Matrix:
+    """What every cell runs against: the engine (`runner`) and its knobs, the baseline's
+    options, prompts, batch size (`step`) and trace, the doctrine and the plan."""
+
+    runner: _Runner
+    knobs: Mapping[str, str]
+    base: Mapping[str, str]
+    prompts: Sequence[PromptInput]
+    step: int
+    baseline: Trace
+    doctrine: Doctrine
+    plan: InvariancePlan
+
+
 def run_invariance(
     load: Loader,
     engine_class: object,
@@ -214,7 +229,8 @@ def run_invariance(
         # The cells that run under the baseline's own options first, while its engine is
         # loaded (a load is minutes for some engines); the report keeps the plan's order.
         order = sorted(plan.cells, key=lambda c: c not in _BASELINE_OPTIONS)
-        done = {c: _cell(c, runner, knobs, base_opts, prompts, step, baseline, doctrine, plan) for c in order}
+        matrix = _Matrix(runner, knobs, base_opts, prompts, step, baseline, doctrine, plan)
+        done = {c: _cell(c, matrix) for c in order}
         cells = [done[c] for c in plan.cells]
     finally:
         runner.close()
@@ -243,77 +259,69 @@ def _notes(baseline: Trace, doctrine: Doctrine) -> tuple[str, ...]:
     return ("the baseline has no raw logits: flips are judged by the doctrine's near_tie_mnats alone",)
 
 
-def _cell(
-    cell: str,
-    runner: _Runner,
-    knobs: Mapping[str, str],
-    base: Mapping[str, str],
-    prompts: Sequence[PromptInput],
-    step: int,
-    baseline: Trace,
-    doctrine: Doctrine,
-    plan: InvariancePlan,
-) -> CellResult:
-    n = len(prompts)
+def _cell(cell: str, m: _Matrix) -> CellResult:
+    n = len(m.prompts)
 
     def with_knob(knob: str, value: Any) -> dict[str, str]:
-        return {**base, knobs[knob]: str(value)}
+        return {**m.base, m.knobs[knob]: str(value)}
 
     def free_cell(schedule: Schedule, opts: Mapping[str, str], order: Sequence[PromptInput], size: int) -> CellResult:
-        trace = _free(runner, opts, order, size, schedule.cell)
-        return _judged(baseline, trace, doctrine, schedule, runner)
+        trace = _free(m.runner, opts, order, size, schedule.cell)
+        return _judged(m.baseline, trace, m.doctrine, schedule, m.runner)
 
     if cell == "repeat":
-        return free_cell(Schedule("repeat", {}, "the baseline again"), base, prompts, step)
+        return free_cell(Schedule("repeat", {}, "the baseline again"), m.base, m.prompts, m.step)
     if cell in ("batch", "concurrency"):
         # Many against one, or one where the baseline already runs many: prompts per batch,
         # or a server's requests in flight (it forms its batches from what is in flight).
         size_knob = "batch_size" if cell == "batch" else "concurrency"
-        now = step if cell == "batch" else int(base.get(knobs.get(size_knob, ""), "1"))
-        other = 1 if now > 1 else min(plan.batch, n)
+        now = m.step if cell == "batch" else int(m.base.get(m.knobs.get(size_knob, ""), "1"))
+        other = 1 if now > 1 else min(m.plan.batch, n)
         unit = "prompt(s) per batch" if cell == "batch" else "request(s) in flight"
         schedule = Schedule(cell, {size_knob: other}, f"{other} {unit} against the baseline's {now}")
-        if size_knob not in knobs:
+        if size_knob not in m.knobs:
             return not_run(schedule, f"the engine states no {size_knob} knob")
         if other == now:
             return not_run(schedule, f"the pin has {n} prompt(s): no other {size_knob} to run")
-        return free_cell(schedule, with_knob(size_knob, other), prompts, other)
+        return free_cell(schedule, with_knob(size_knob, other), m.prompts, other)
     if cell == "max_num_seqs":
-        schedule = Schedule("max_num_seqs", {"max_num_seqs": plan.batch}, f"at most {plan.batch} sequences a step")
-        if "max_num_seqs" not in knobs:
+        schedule = Schedule("max_num_seqs", {"max_num_seqs": m.plan.batch}, f"at most {m.plan.batch} sequences a step")
+        if "max_num_seqs" not in m.knobs:
             return not_run(schedule, "the engine states no max_num_seqs knob")
-        return free_cell(schedule, with_knob("max_num_seqs", plan.batch), prompts, step)
+        return free_cell(schedule, with_knob("max_num_seqs", m.plan.batch), m.prompts, m.step)
     if cell == "needle":
-        return _needle(runner, knobs, base, prompts, step, doctrine, plan)
+        return _needle(m)
     if cell == "shuffle":
-        order = list(prompts)
-        random.Random(plan.seed).shuffle(order)
-        schedule = Schedule("shuffle", {"order": f"shuffled (seed {plan.seed})"}, "the prompts in a seeded order")
-        return free_cell(schedule, base, order, step)
+        order = list(m.prompts)
+        random.Random(m.plan.seed).shuffle(order)
+        schedule = Schedule("shuffle", {"order": f"shuffled (seed {m.plan.seed})"}, "the prompts in a seeded order")
+        return free_cell(schedule, m.base, order, m.step)
     if cell == "threads":
-        schedule = Schedule("threads", {"threads": plan.threads}, f"{plan.threads} threads against the baseline's 1")
-        if "threads" not in knobs:
+        schedule = Schedule(
+            "threads", {"threads": m.plan.threads}, f"{m.plan.threads} threads against the baseline's 1"
+        )
+        if "threads" not in m.knobs:
             return not_run(schedule, "the engine states no threads knob")
-        if base.get(knobs["threads"]) == str(plan.threads):
-            return not_run(schedule, f"the baseline already runs {plan.threads} threads")
-        return free_cell(schedule, with_knob("threads", plan.threads), prompts, step)
+        if m.base.get(m.knobs["threads"]) == str(m.plan.threads):
+            return not_run(schedule, f"the baseline already runs {m.plan.threads} threads")
+        return free_cell(schedule, with_knob("threads", m.plan.threads), m.prompts, m.step)
     if cell == "chunked_prefill":
-        knob = next((k for k in ("chunked_prefill", "n_ubatch") if k in knobs), None)
-        what = f"prompts prefilled {plan.chunk} tokens at a time"
-        schedule = Schedule("chunked_prefill", {knob or "chunked_prefill": plan.chunk}, what)
+        knob = next((k for k in ("chunked_prefill", "n_ubatch") if k in m.knobs), None)
+        what = f"prompts prefilled {m.plan.chunk} tokens at a time"
+        schedule = Schedule("chunked_prefill", {knob or "chunked_prefill": m.plan.chunk}, what)
         if knob is None:
             return not_run(schedule, "the engine states no chunked_prefill or n_ubatch knob")
-        return free_cell(schedule, with_knob(knob, plan.chunk), prompts, step)
+        return free_cell(schedule, with_knob(knob, m.plan.chunk), m.prompts, m.step)
     if cell == "prefix_cache":
-        return _prefix_cached(runner, knobs, base, prompts, step, baseline, doctrine, plan.cache_block)
+        return _prefix_cached(m, m.plan.cache_block)
     if cell == "forced_decode":
         schedule = Schedule("forced_decode", {}, "forced along its own tokens against its free run")
-        return _forced(runner, base, baseline, doctrine, schedule)
+        return _forced(m.runner, m.base, m.baseline, m.doctrine, schedule)
     # prefill
     schedule = Schedule("prefill", {"force_mode": "prefill"}, "its own tokens in one prefill pass against its free run")
-    if "force_mode" not in knobs:
+    if "force_mode" not in m.knobs:
         return not_run(schedule, "the engine states no force_mode knob (no one-pass prefill of fed tokens)")
-    return _forced(runner, {**base, knobs["force_mode"]: "prefill"}, baseline, doctrine, schedule)
+    return _forced(m.runner, {**m.base, m.knobs["force_mode"]: "prefill"}, m.baseline, m.doctrine, schedule)
 
 
 def _judged(baseline: Trace, trace: Trace, doctrine: Doctrine, schedule: Schedule, runner: _Runner) -> CellResult:
@@ -349,57 +357,48 @@ def _free(runner: _Runner, opts: Mapping[str, str], order: Sequence[PromptInput]
     return _trace(runner, records, what)
 
 
-def _prefix_cached(
-    runner: _Runner,
-    knobs: Mapping[str, str],
-    base: Mapping[str, str],
-    prompts: Sequence[PromptInput],
-    step: int,
-    baseline: Trace,
-    doctrine: Doctrine,
-    block: int,
-) -> CellResult:
+def _prefix_cached(m: _Matrix, block: int) -> CellResult:
     """Each batch of prompts served twice with the prefix cache on: the first call fills the
     cache (and may itself reuse an earlier prompt's prefix), the second finds each prompt's
     own prefix cached; the second is judged against the cold baseline, or, where the cell
     sets the engine's cache block, against a cold run with the same blocks."""
     schedule = Schedule("prefix_cache", {"prefix_cache": 1}, "each prompt again with its prefix cached, against cold")
-    if "prefix_cache" not in knobs:
+    if "prefix_cache" not in m.knobs:
         return not_run(schedule, "the engine states no prefix_cache knob (no cache it reuses across requests)")
-    if str(base.get(knobs["prefix_cache"], "0")).strip().lower() in _ON:
+    if str(m.base.get(m.knobs["prefix_cache"], "0")).strip().lower() in _ON:
         return not_run(schedule, "the baseline already reuses the prefix cache: no cold run to compare with")
-    cold, reference_name = dict(base), "baseline"
-    if "cache_block" in knobs and knobs["cache_block"] not in base:
+    cold, reference_name = dict(m.base), "baseline"
+    if "cache_block" in m.knobs and m.knobs["cache_block"] not in m.base:
         # The block size may change the numbers themselves (the attention kernel walks the
         # KV cache a block at a time): the cold reference runs with the same blocks.
-        cold[knobs["cache_block"]] = str(block)
+        cold[m.knobs["cache_block"]] = str(block)
         schedule = Schedule(
             "prefix_cache",
             {"prefix_cache": 1, "cache_block": block},
             f"each prompt again with its prefix cached, against cold, both in {block}-token blocks",
         )
         reference_name = f"cold, {block}-token blocks"
-    reference = baseline if cold == dict(base) else _free(runner, cold, prompts, step, "prefix_cache cold")
-    engine = runner.engine_with({**cold, knobs["prefix_cache"]: "1"})
-    runner.progress.phase("prefix_cache", 2 * len(prompts))
+    reference = m.baseline if cold == dict(m.base) else _free(m.runner, cold, m.prompts, m.step, "prefix_cache cold")
+    engine = m.runner.engine_with({**cold, m.knobs["prefix_cache"]: "1"})
+    m.runner.progress.phase("prefix_cache", 2 * len(m.prompts))
     records: list[PromptRecord] = []
     hits = reused = 0
-    for start in range(0, len(prompts), step):
-        batch = prompts[start : start + step]
-        generate(engine, batch, runner.pin.top_k)  # fills the cache
-        runner.progress.advance(len(batch))
+    for start in range(0, len(m.prompts), m.step):
+        batch = m.prompts[start : start + m.step]
+        generate(engine, batch, m.runner.pin.top_k)  # fills the cache
+        m.runner.progress.advance(len(batch))
         before = _reuse(engine)
-        records.extend(generate(engine, batch, runner.pin.top_k))
+        records.extend(generate(engine, batch, m.runner.pin.top_k))
         after = _reuse(engine)
         if before is not None and after is not None:
             hits, reused = hits + after[0] - before[0], reused + after[1] - before[1]
-        runner.progress.advance(len(batch))
-    rank = {r.id: i for i, r in enumerate(runner.pin.trace.records)}
+        m.runner.progress.advance(len(batch))
+    rank = {r.id: i for i, r in enumerate(m.runner.pin.trace.records)}
     records.sort(key=lambda r: rank[r.id])
-    trace = _trace(runner, records, "prefix_cache")
-    part = shard_pin(runner.pin, [r.id for r in trace.records])
-    against_pin = pin_verdict(compare(part.trace, trace, doctrine))
-    cell = compare_runs(reference, trace, doctrine, schedule, reference_name=reference_name, pin=against_pin)
+    trace = _trace(m.runner, records, "prefix_cache")
+    part = shard_pin(m.runner.pin, [r.id for r in trace.records])
+    against_pin = pin_verdict(compare(part.trace, trace, m.doctrine))
+    cell = compare_runs(reference, trace, m.doctrine, schedule, reference_name=reference_name, pin=against_pin)
     counted = _reuse(engine) is not None
     return replace(_texts(cell, engine), cache_reuse=CacheReuse(hits, reused) if counted else None)
 
@@ -421,22 +420,14 @@ def _trace(runner: _Runner, records: Sequence[PromptRecord], what: str) -> Trace
     return Trace(header=header, records=tuple(records), path=f"<{runner.name} {what}>")
 
 
-def _needle(
-    runner: _Runner,
-    knobs: Mapping[str, str],
-    base: Mapping[str, str],
-    prompts: Sequence[PromptInput],
-    step: int,
-    doctrine: Doctrine,
-    plan: InvariancePlan,
-) -> CellResult:
-    n = len(prompts)
-    size = min(plan.batch, n)
+def _needle(m: _Matrix) -> CellResult:
+    n = len(m.prompts)
+    size = min(m.plan.batch, n)
     # The needle: the prompt the pin generates the most tokens for (the first among equals).
-    lengths = {r.id: len(r.token_ids) for r in runner.pin.trace.records}
-    needle = max(prompts, key=lambda p: lengths.get(p.id, 0))
-    i = prompts.index(needle)
-    others = [prompts[(i + k) % n] for k in range(1, size)]
+    lengths = {r.id: len(r.token_ids) for r in m.runner.pin.trace.records}
+    needle = max(m.prompts, key=lambda p: lengths.get(p.id, 0))
+    i = m.prompts.index(needle)
+    others = [m.prompts[(i + k) % n] for k in range(1, size)]
     half = len(others) // 2
     batch = [*others[:half], needle, *others[half:]]
     schedule = Schedule(
@@ -446,23 +437,23 @@ def _needle(
     )
     if size < 2:
         return not_run(schedule, "the pin has one prompt: no batch to put it in")
-    if step >= size:
-        opts: Mapping[str, str] = base  # the baseline already sends `size` prompts to one call
-    elif "batch_size" in knobs:
-        opts = {**base, knobs["batch_size"]: str(size)}
+    if m.step >= size:
+        opts: Mapping[str, str] = m.base  # the baseline already sends `size` prompts to one call
+    elif "batch_size" in m.knobs:
+        opts = {**m.base, m.knobs["batch_size"]: str(size)}
     else:
         return not_run(schedule, "the engine states no batch_size knob")
-    engine = runner.engine_with(opts)
-    runner.progress.phase("needle", 1 + size)
-    alone = generate(engine, [needle], runner.pin.top_k)
-    runner.progress.advance(1)
-    inside = [r for r in generate(engine, batch, runner.pin.top_k) if r.id == needle.id]
-    runner.progress.advance(size)
-    reference = _trace(runner, alone, "needle alone")
-    trace = _trace(runner, inside, "needle in a batch")
-    part = shard_pin(runner.pin, [needle.id])
-    against_pin = pin_verdict(compare(part.trace, trace, doctrine))
-    cell = compare_runs(reference, trace, doctrine, schedule, reference_name="needle alone", pin=against_pin)
+    engine = m.runner.engine_with(opts)
+    m.runner.progress.phase("needle", 1 + size)
+    alone = generate(engine, [needle], m.runner.pin.top_k)
+    m.runner.progress.advance(1)
+    inside = [r for r in generate(engine, batch, m.runner.pin.top_k) if r.id == needle.id]
+    m.runner.progress.advance(size)
+    reference = _trace(m.runner, alone, "needle alone")
+    trace = _trace(m.runner, inside, "needle in a batch")
+    part = shard_pin(m.runner.pin, [needle.id])
+    against_pin = pin_verdict(compare(part.trace, trace, m.doctrine))
+    cell = compare_runs(reference, trace, m.doctrine, schedule, reference_name="needle alone", pin=against_pin)
     return _texts(cell, engine)
 
 

@@ -70,9 +70,9 @@ def with_reference(
 
 def record_reference(pin: Trace, source_model: str) -> Trace:
     """`pin` with the float32 reference's lists and header (the doctrine as it was)."""
-    from gate.engines.hf.engine import HFEngine
+    from gate.engines.registry import load_reference
 
-    engine = HFEngine(source_model, dtype=REFERENCE_DTYPE)
+    engine = load_reference(source_model, dtype=REFERENCE_DTYPE)
     try:
         records = reference_records(engine, pin)
         info = engine.info()
