@@ -87,7 +87,7 @@ def test_selftest_plants_the_stale_state_mutant_on_a_recurrent_model_and_it_is_a
     from helpers.tiny_pin import HYBRID_MODEL, one_thread
 
     from gate.core.calibration.selftest import EXPECT_DEFECT
-    from gate.workflows.calibration.mutants import baseline_loader, mutations
+    from gate.engines.hf.mutants import baseline_loader, mutations
     from gate.workflows.calibration.selftest import run_selftest
 
     weights, pins = hybrid
