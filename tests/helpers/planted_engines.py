@@ -172,33 +172,3 @@ class StalePrefixCacheBug(HFEngine):
             store.hits += 1
         store.keep(prompt, copy.deepcopy(out.past_key_values))
         return out.logits[0, -1], out.past_key_values
-
-
-class StaleRecurrentStateBug(HFEngine):
-    """A recurrent state slot not cleared between requests: each prompt's prefill starts from
-    the conv and recurrent states the previous request left in its Gated DeltaNet layers (its
-    attention layers' KV emptied, so positions are right). Honest on its first request and on a
-    model without recurrent layers."""
-
-    name = "planted-stale-recurrent-state"
-
-    def __init__(self, model: str, **options: Any) -> None:
-        super().__init__(model, **options)
-        self.slot: Any = None
-
-    def _prefill(self, prompt_ids: Any) -> Any:
-        from transformers.cache_utils import DynamicLayer
-
-        cache = self.slot
-        if cache is None:
-            logits, cache = super()._prefill(prompt_ids)
-        else:
-            for layer in cache.layers:
-                if isinstance(layer, DynamicLayer) and layer.get_seq_length() > 0:
-                    layer.crop(-layer.get_seq_length())  # the attention layers' KV emptied, the state kept
-            ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
-            self._seq = 0
-            out = self._forward(ids, input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            logits, cache = out.logits[0, -1], out.past_key_values
-        self.slot = cache
-        return logits, cache

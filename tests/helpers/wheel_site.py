@@ -4,6 +4,7 @@ into a folder that can stand on PYTHONPATH as "the package installed": its entry
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,10 @@ def build_wheel_site(build: Path) -> Path:
     ).stdout.split("\n")
     for name in filter(None, files):
         path = ROOT / name
-        if path.is_file() and not path.is_symlink():
+        if path.is_symlink():  # gate/_data's links to the top-level pins and goldens: kept as links
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).symlink_to(os.readlink(path))
+        elif path.is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, src / name)
     out = build / "wheel"

@@ -41,7 +41,8 @@ def matrix(hybrid: tuple[Path, Path], cls: Any, cells: tuple[str, ...] | None = 
 
     plan = InvariancePlan(cells=cells or CELLS, batch=4, chunk=DELTA_CHUNK)
     with one_thread():
-        # Routing records are per prompt: the batch and prefix_cache cells serve prompts together.
+        # Routing is not what the cells judge (tests/engines/test_hf_routing_schedules.py checks
+        # its record under the batch and the prefix cache); left unrecorded to keep this cheap.
         options = {"record_routing": "false"}
         return run_invariance(load, cls, pin, doctrine_for(pin), plan, engine_name="hf", options=options)
 
@@ -72,9 +73,28 @@ def test_the_honest_hf_engine_runs_every_cell_on_the_hybrid(hybrid: tuple[Path, 
 
 
 def test_a_recurrent_state_kept_from_the_previous_request_is_caught(hybrid: tuple[Path, Path]) -> None:
-    from helpers.planted_engines import StaleRecurrentStateBug
+    from gate.engines.hf.stale_state import StaleRecurrentStateHFEngine
 
-    result = matrix(hybrid, StaleRecurrentStateBug, ("repeat", "shuffle"))
+    result = matrix(hybrid, StaleRecurrentStateHFEngine, ("repeat", "shuffle"))
     by = {c.schedule.cell: c for c in result.cells}
     assert by["repeat"].verdict == VARIES and by["shuffle"].verdict == VARIES, result.to_dict()
     assert result.exit_code == 1
+
+
+def test_selftest_plants_the_stale_state_mutant_on_a_recurrent_model_and_it_is_a_defect(
+    hybrid: tuple[Path, Path],
+) -> None:
+    from helpers.tiny_pin import HYBRID_MODEL, one_thread
+
+    from gate.core.calibration.selftest import EXPECT_DEFECT
+    from gate.engines.hf.mutants import baseline_loader, mutations
+    from gate.workflows.calibration.selftest import run_selftest
+
+    weights, pins = hybrid
+    planted = mutations(str(weights), {}, only=["stale-recurrent-state"])
+    assert [(m.name, m.expect) for m in planted] == [("stale-recurrent-state", EXPECT_DEFECT)]
+    pin = load_pin(HYBRID_MODEL, pins)
+    with one_thread():
+        result = run_selftest(pin, baseline_loader(str(weights), {}), planted, doctrine_for(pin))
+    (outcome,) = result.mutants
+    assert outcome.met and outcome.against_reference.counts["defects"] > 0, outcome

@@ -168,8 +168,6 @@ class HFEngine(TokenizerMethods):
         self.stop_ids = _stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.vocab_size: int | None = getattr(self.model.config, "vocab_size", None)
         self.router_hooks = self._routing_hooks(opts)
-        if self.router_hooks is not None and self.batch_size != 1:
-            raise InputError("--engine-opt batch_size: an MoE model's routing is recorded one prompt at a time (1)")
         self.prefix_store = PrefixCache.for_options(opts, self.batch_size, self.router_hooks is not None)
         self.oracle_routing: Mapping[tuple[int, ...], Any] | None = None
         self._rows: list[Any] = []  # this prompt's routing so far: experts, then router top

@@ -11,6 +11,9 @@
 - `float16`: the model run in float16 instead of bfloat16; every change must be reported.
 - `skip-layer-N`: decoder layer N (the middle one by default) is skipped, its input passed
   through; must show up as defects.
+- `stale-recurrent-state` (only on a model with recurrent layers, e.g. Qwen3.5/3.6's Gated
+  DeltaNet): each request's prefill starts from the recurrent state the previous request left
+  (`gate.engines.hf.stale_state`); must show up as defects.
 
 All are subclasses of `HFEngine` that override only its fault-injection points
 (`_logits_hook`) or its options, so the decode loop under test is the real one.
@@ -33,6 +36,7 @@ from gate.core.calibration.selftest import (
 from gate.core.engine import Engine
 from gate.engines.hf.engine import HFEngine
 from gate.engines.hf.layers import decoder_layers
+from gate.engines.hf.stale_state import StaleRecurrentStateHFEngine, has_recurrent_layers
 from gate.errors import InputError
 
 SEVERAL_STEPS = 4
@@ -152,6 +156,15 @@ def mutations(model: str, options: Mapping[str, str], *, only: Sequence[str] | N
             lambda: LayerSkippedHFEngine(model, layer=middle, **opts),
         ),
     ]
+    if _recurrent(model):
+        all_mutations.append(
+            Mutation(
+                "stale-recurrent-state",
+                "each prompt's prefill starts from the recurrent state the previous request left",
+                EXPECT_DEFECT,
+                lambda: StaleRecurrentStateHFEngine(model, **opts),
+            )
+        )
     if not only:
         return all_mutations
     names = {m.name for m in all_mutations}
@@ -173,6 +186,18 @@ def _layer_count(model: str) -> int | None:
         return None
     n = getattr(config, "num_hidden_layers", None)
     return int(n) if isinstance(n, int) else None
+
+
+def _recurrent(model: str) -> bool:
+    """Whether the model's config declares layers with recurrent state, without loading weights."""
+    from transformers import AutoConfig
+
+    from gate.models.default import resolve_model_path
+
+    try:
+        return has_recurrent_layers(AutoConfig.from_pretrained(resolve_model_path(model)))
+    except (OSError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------- realistic candidates

@@ -39,7 +39,9 @@ def generate_batch(engine: HFEngine, prompts: Sequence[PromptInput], top_k: int)
     """Greedy free runs of `prompts` decoded together: the prompts left-padded to the longest,
     an attention mask over the padding, position ids counted from each prompt's first real
     token, one forward per step for the whole batch. A prompt that stopped (eos, or its
-    `max_tokens`) is fed padding until the longest is done; its record ends where it did."""
+    `max_tokens`) is fed padding until the longest is done; its record ends where it did.
+    On an MoE model each record's routing is its own prompt's (`BatchRouting`): the tokens it
+    fed, never the padding nor another row's."""
     for p in prompts:
         check_prompt_ids(p.id, p.prompt_token_ids, engine.vocab_size)
     pad = pad_id(engine)
@@ -52,12 +54,18 @@ def generate_batch(engine: HFEngine, prompts: Sequence[PromptInput], top_k: int)
     finish = ["length" for _ in prompts]
     done = [p.max_tokens <= 0 for p in prompts]
     device = engine.device
+    routing = BatchRouting(engine, len(prompts))
     with torch.inference_mode():
         input_ids = torch.tensor(rows, dtype=torch.long, device=device)
         mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = engine.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        out = routing.forward(
+            [len(p.prompt_token_ids) for p in prompts],
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
         )
         logits, cache = out.logits[:, -1], out.past_key_values
         position = positions[:, -1:]
@@ -83,8 +91,15 @@ def generate_batch(engine: HFEngine, prompts: Sequence[PromptInput], top_k: int)
             mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=1)
             position = position + 1
             step_ids = torch.tensor([[t] for t in fed], dtype=torch.long, device=device)
-            out = engine.model(
-                input_ids=step_ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+            # A row's token counts as its routing only where its own run feeds it on (one
+            # prompt at a time, the last chosen token is never fed).
+            out = routing.forward(
+                [0 if done[b] else 1 for b in range(len(prompts))],
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
             )
             logits, cache = out.logits[:, -1], out.past_key_values
             step_index += 1
@@ -96,9 +111,42 @@ def generate_batch(engine: HFEngine, prompts: Sequence[PromptInput], top_k: int)
             finish[b],
             engine.decode_tokens(ids[b]),
             {"token_logits": logits_out[b]},
+            **routing.extra(b),
         )
         for b, p in enumerate(prompts)
     ]
+
+
+class BatchRouting:
+    """The routing of each row of a batch, split out of the batch's forwards: a router sees
+    the batch flattened row by row ([rows x tokens]), so row b's tokens of a forward over T
+    tokens are b*T .. b*T+T-1, its real ones the last `counts[b]` of them (left padding first)."""
+
+    def __init__(self, engine: HFEngine, size: int) -> None:
+        self.engine = engine
+        hooks = engine.router_hooks
+        self.hooks = hooks if hooks is not None and engine.options["record_routing"] else None
+        self.rows: list[list[Any]] = [[] for _ in range(size)]
+        self.tops: list[list[Any]] = [[] for _ in range(size)]
+
+    def forward(self, counts: Sequence[int], **kwargs: Any) -> Any:
+        """One forward of the batch; `counts[b]`: how many of row b's last tokens are its own."""
+        if self.hooks is None:
+            return self.engine.model(**kwargs)
+        self.hooks.begin(0)
+        out = self.engine.model(**kwargs)
+        rows, tops = self.hooks.take()
+        width = int(kwargs["input_ids"].shape[1])
+        for b, n in enumerate(counts):
+            end = (b + 1) * width
+            self.rows[b].extend(rows[end - n : end])
+            self.tops[b].extend(tops[end - n : end])
+        return out
+
+    def extra(self, b: int) -> dict[str, Any]:
+        if self.hooks is None or not self.rows[b]:
+            return {}
+        return {"routed_experts": self.rows[b], "router_top": self.tops[b]}
 
 
 def prefill_chunked(engine: HFEngine, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -150,6 +198,9 @@ class PrefixCache:
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self.entries: list[tuple[tuple[int, ...], Any]] = []
+        # On an MoE model with routing recorded: each kept prompt's routing, a row per token
+        # (experts, router top), as its forwards chose it; a reused prefix's rows are these.
+        self.routing: dict[tuple[int, ...], tuple[list[Any], list[Any]]] = {}
         self.reused_tokens = 0  # prompt tokens taken from the cache, all prompts together
         self.hits = 0
         # The model's cache holds recurrent state (a hybrid such as Qwen3.5/3.6): set on the
@@ -158,14 +209,21 @@ class PrefixCache:
 
     @classmethod
     def for_options(cls, opts: Mapping[str, Any], batch_size: int, routed: bool) -> PrefixCache | None:
+        """The engine's prefix cache (None when off). Also where a schedule that serves prompts
+        together is refused with the pin's experts replayed: they are each prompt's own."""
+        if routed and batch_size != 1 and str(opts["routing"]).lower() == "oracle":
+            raise InputError(
+                "--engine-opt batch_size with routing=oracle: the pin's experts are replayed one prompt at a "
+                "time (batch_size 1)"
+            )
         if not opts["prefix_cache"]:
             return None
         if batch_size != 1:
             raise InputError("--engine-opt prefix_cache: the cache is reused one prompt at a time (batch_size 1)")
-        if routed:
+        if routed and str(opts["routing"]).lower() == "oracle":
             raise InputError(
-                "--engine-opt prefix_cache: an MoE model's routing is recorded over whole prompts "
-                "(--engine-opt record_routing=false serves it from the cache without recording it)"
+                "--engine-opt prefix_cache with routing=oracle: a cached prefix ran with the experts the pin "
+                "recorded for another prompt, not this one's (drop one of the two)"
             )
         return cls()
 
@@ -191,9 +249,27 @@ class PrefixCache:
                 best, held = len(kept), cache
         return best, held
 
-    def keep(self, prompt: tuple[int, ...], cache: Any) -> None:
+    def keep(self, prompt: tuple[int, ...], cache: Any, engine: HFEngine | None = None) -> None:
+        """Keep `cache` as the state after `prompt`; with `engine` recording routing, its rows
+        so far (one per token of `prompt`) with it."""
         others = [e for e in self.entries if e[0] != prompt]
         self.entries = [*others[max(0, len(others) - (self.size - 1)) :], (prompt, cache)]
+        if engine is not None and engine.router_hooks is not None and engine.options["record_routing"]:
+            if len(engine._rows) != len(prompt):
+                raise AssertionError(f"prefix cache: {len(engine._rows)} routing rows for {len(prompt)} tokens")
+            self.routing[prompt] = (list(engine._rows), list(engine._tops))
+        kept = {e[0] for e in self.entries}
+        self.routing = {k: v for k, v in self.routing.items() if k in kept}
+
+    def reuse(self, engine: HFEngine, held: Any, n: int) -> None:
+        """The engine continues after the first `n` tokens of the kept entry `held`: its next
+        forward starts at position n, and its routing so far is the entry's first n rows."""
+        engine._seq = n
+        if engine.router_hooks is None or not engine.options["record_routing"]:
+            return
+        kept = next(k for k, c in self.entries if c is held)
+        rows, tops = self.routing[kept]
+        engine._rows, engine._tops = list(rows[:n]), list(tops[:n])
 
 
 def croppable(cache: Any) -> bool:
@@ -226,11 +302,12 @@ def prefill_cached(engine: HFEngine, ids: torch.Tensor) -> tuple[torch.Tensor, A
     else:
         cache = copy.deepcopy(held)
         cache.crop(n - cache.get_seq_length())  # negative: the tokens after the common prefix
+        store.reuse(engine, held, n)
         rest = ids[:, n:]
         out = engine._forward(rest, input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1)
         store.hits += 1
         store.reused_tokens += n
-    store.keep(prompt, copy.deepcopy(out.past_key_values))
+    store.keep(prompt, copy.deepcopy(out.past_key_values), engine)
     return out.logits[0, -1], out.past_key_values
 
 
@@ -249,15 +326,16 @@ def _prefill_recurrent(
     if held is not None:
         store.hits += 1
         store.reused_tokens += n
+        store.reuse(engine, held, n)
     if shared > n:
         part = ids[:, n:shared]
         out = engine._forward(part, **_through(part, cache))
         cache = out.past_key_values
-        store.keep(prompt[:shared], copy.deepcopy(cache))
+        store.keep(prompt[:shared], copy.deepcopy(cache), engine)
         n = shared
     rest = ids[:, n:]
     out = engine._forward(rest, **_through(rest, cache))
-    store.keep(prompt, copy.deepcopy(out.past_key_values))
+    store.keep(prompt, copy.deepcopy(out.past_key_values), engine)
     return out.logits[0, -1], out.past_key_values
 
 

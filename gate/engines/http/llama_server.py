@@ -28,6 +28,18 @@ Requests (`POST /completion`):
   slot holds from the previous request); `cache_prompt=false` computes every prompt cold
   (the `prefix_cache` knob of `gate invariance`).
 
+A server gate starts runs with `--ctx-checkpoints 0` (`--engine-opt ctx_checkpoints=N` sets
+another count). A recurrent or hybrid model's state (a Gated DeltaNet's conv and recurrent
+state in Qwen3.5/3.6, Mamba's) holds the sequence's last token only and cannot be cut back to
+a shared prefix. With context checkpoints (llama-server's default, 32 a slot) the server
+snapshots that state a few tokens before each prompt's end, prefilling the prompt in two
+forwards to do so, and serves a later prompt that shares the prefix by restoring a snapshot and
+prefilling the rest: the state then comes from another request's computation, in another
+split. Without them it reuses a slot only where the new prompt continues exactly the tokens
+the state holds (forced decode: one token more) and otherwise computes the prompt again from
+scratch, in one forward, as `--engine llamacpp` does. A dense model never checkpoints, so the
+option changes nothing there. A server at `base_url` runs with its own setting.
+
 What the prompt cache served: every answer's `timings.cache_n` (prompt tokens taken from the
 slot's cache), summed into `prefix_reuse` (`ReportsPrefixReuse`), which is None, "does not
 report", until an answer has come and for good after one without a count gate can take
@@ -68,7 +80,17 @@ FORCED_MODES = ("decode", "none")
 GREEDY_SAMPLERS = ("temperature",)
 STOP_TYPES = {"eos": "stop", "limit": "length"}
 # Options that only mean something for a server gate starts itself.
-SPAWN_OPTIONS = ("binary", "model_path", "threads", "threads_batch", "n_ctx", "n_batch", "n_ubatch", "startup_timeout")
+SPAWN_OPTIONS = (
+    "binary",
+    "model_path",
+    "threads",
+    "threads_batch",
+    "n_ctx",
+    "n_batch",
+    "n_ubatch",
+    "startup_timeout",
+    "ctx_checkpoints",
+)
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     **HTTP_OPTIONS,
@@ -82,10 +104,14 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "n_ubatch": (int, None),
     "startup_timeout": (float, None),
     "cache_prompt": (bool, True),
+    "ctx_checkpoints": (int, None),
 }
 DEFAULT_THREADS = 1
 DEFAULT_N_CTX = 2048
 DEFAULT_STARTUP_S = 120.0
+# No context checkpoints: a recurrent state is continued or computed again, never restored
+# from another request's snapshot (see the module doc).
+DEFAULT_CTX_CHECKPOINTS = 0
 
 
 class LlamaServerDialect:
@@ -299,7 +325,8 @@ class LlamaServerDialect:
 class LlamaServerEngine(ServerEngine):
     """A GGUF served by llama.cpp's llama-server; see the module doc for the options:
     base_url, binary, model_path, threads, threads_batch, n_ctx, n_batch, n_ubatch,
-    concurrency, forced (decode | none), timeout (per whole response), retries, backoff, api_key_env,
+    ctx_checkpoints (default 0), cache_prompt, concurrency, forced (decode | none),
+    timeout (per whole response), retries, backoff, api_key_env,
     max_response_bytes (default 16 MiB), startup_timeout."""
 
     name = "llama-server"
@@ -319,6 +346,8 @@ class LlamaServerEngine(ServerEngine):
         for key in ("threads", "threads_batch", "n_ctx", "n_batch", "n_ubatch"):
             if opts[key] is not None and opts[key] < 1:
                 raise InputError(f"--engine-opt {key}={opts[key]}: expected a positive integer")
+        if opts["ctx_checkpoints"] is not None and opts["ctx_checkpoints"] < 0:
+            raise InputError(f"--engine-opt ctx_checkpoints={opts['ctx_checkpoints']}: expected 0 or more")
         self.model = model
         self.options = {k: v for k, v in opts.items() if v is not None}
         self.process: LlamaServerProcess | None = None
@@ -366,6 +395,8 @@ class LlamaServerEngine(ServerEngine):
             args += ["--batch-size", str(opts["n_batch"])]
         if opts["n_ubatch"] is not None:
             args += ["--ubatch-size", str(opts["n_ubatch"])]
+        checkpoints = DEFAULT_CTX_CHECKPOINTS if opts["ctx_checkpoints"] is None else int(opts["ctx_checkpoints"])
+        args += ["--ctx-checkpoints", str(checkpoints)]
         args += ["--n-gpu-layers", "0", "--no-webui"]
         self.process = LlamaServerProcess(
             binary, args, startup_timeout=float(opts["startup_timeout"] or DEFAULT_STARTUP_S)
@@ -377,6 +408,7 @@ class LlamaServerEngine(ServerEngine):
             "command": self.process.command,
             "threads": threads,
             "parallel": parallel,
+            "ctx_checkpoints": checkpoints,
             "gguf": str(gguf),
             "gguf_sha256": sha,
         }
