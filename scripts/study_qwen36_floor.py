@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doctrine_study import ONE_THREAD, lock_file  # noqa: E402  (beside this script: one lock, one thread, for both studies)
+
 MODEL = "gate-llm/Qwen3.6-tiny"
 DEFAULT_OUT = REPO / ".work" / "qwen36-floor"
 ONE = {"threads": "1"}
@@ -71,11 +74,6 @@ VARIANTS: tuple[Variant, ...] = (
 BY_NAME = {v.name: v for v in VARIANTS}
 
 
-def lock_file(out: Path) -> Path:
-    named = os.environ.get("GATE_STUDY_LOCK")
-    return Path(named) if named else out / "study.lock"
-
-
 def run_all(out: Path, only: Sequence[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     unknown = [n for n in only if n not in BY_NAME]
@@ -88,7 +86,7 @@ def run_all(out: Path, only: Sequence[str]) -> int:
         if target.exists():
             print(f"[{v.name}] measured already, skipped", flush=True)
             continue
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **v.env}
+        env = {**os.environ, **ONE_THREAD, **v.env}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
         opts = [x for k, val in v.options.items() for x in ("--engine-opt", f"{k}={val}")]
         cmd = ["flock", str(lock_file(out)), sys.executable, "-m", "gate", "run", "--model", MODEL]
