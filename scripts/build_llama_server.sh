@@ -27,16 +27,28 @@ for arg in "$@"; do
     *) echo "usage: scripts/build_llama_server.sh [--llamacpp]" >&2; exit 2 ;;
   esac
 done
+# Shared libraries with RUNPATH $ORIGIN on Linux; elsewhere (macOS: @loader_path, .dylib, not
+# done here) a static llama-server alone, as before, and no --llamacpp.
+shared=0
+[ "$(uname -s)" = Linux ] && shared=1
+if [ "$with_llamacpp" = 1 ] && [ "$shared" = 0 ]; then
+  echo "scripts/build_llama_server.sh --llamacpp: Linux only (elsewhere pip builds llama-cpp-python)" >&2
+  exit 2
+fi
 source_spec=${LLAMA_SERVER_SOURCE:-llama-cpp-python==0.3.36}
 version=${source_spec#*==}
 # GGML_NATIVE=OFF: the portable AVX2/FMA/F16C kernels, not -march=native, so the cached build
 # runs on any such CPU. Shared libraries with RUNPATH $ORIGIN (set at build time, nothing is
-# relinked on install), so the binary and the libraries need nothing but each other. The web UI
+# relinked on install), so the binary and the libraries need nothing but each other (or, off
+# Linux, static libraries: the binary needs nothing from the build tree). The web UI
 # is not built and not downloaded (LLAMA_BUILD_UI=OFF, LLAMA_USE_PREBUILT_UI=OFF): the sdist has
 # no prebuilt UI assets and gate needs only the HTTP API; the server then embeds an empty table.
-flags=(
+flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF)
+[ "$shared" = 1 ] && flags=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
+)
+flags+=(
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
   -DLLAMA_OPENSSL=OFF "-DLLAMA_BUILD_COMMIT=llama-cpp-python-$version"
@@ -47,7 +59,7 @@ key="$version-$(printf '%s\n' "${flags[@]}" "$(uname -m)" | sha256sum | cut -c1-
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/gate/llama-server/$key"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-if [ ! -x "$cache/llama-server" ] || [ ! -e "$cache/libllama.so" ]; then
+if [ ! -x "$cache/llama-server" ] || { [ "$shared" = 1 ] && [ ! -e "$cache/libllama.so" ]; }; then
   echo "llama-server: building llama.cpp from $source_spec (cached afterwards in $cache)" >&2
   .venv/bin/python -m pip download --disable-pip-version-check -q --no-deps --no-binary :all: \
     "$source_spec" -d "$work"
@@ -66,7 +78,8 @@ if [ ! -x "$cache/llama-server" ] || [ ! -e "$cache/libllama.so" ]; then
   rm -rf "$cache"
   staged="$cache.tmp.$$"
   mkdir "$staged"
-  cp -a "$work/build/bin/llama-server" "$work"/build/bin/lib*.so* "$staged/"
+  cp -a "$work/build/bin/llama-server" "$staged/"
+  [ "$shared" = 0 ] || cp -a "$work"/build/bin/lib*.so* "$staged/"
   mv -T "$staged" "$cache" 2>/dev/null || rm -rf "$staged"
 fi
 # Into the venv, the same way: a staged copy renamed over the old one.

