@@ -36,8 +36,10 @@ def test_llama_server_and_llama_cpp_python_share_one_build() -> None:
         assert _sha256(beside) == _sha256(package_lib / name), (
             f"{package_lib / name} differs from {beside}: llama-cpp-python runs another build than llama-server"
         )
-    # The server loads exactly those libraries (RUNPATH $ORIGIN), not others found elsewhere.
-    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, timeout=30, check=True).stdout
+    # The server loads exactly those libraries (RUNPATH $ORIGIN), not others found elsewhere. ldd
+    # on the resolved path: run through .venv/bin's symlink the loader takes $ORIGIN from
+    # /proc/self/exe (resolved) too, but ldd takes it from the path it is given.
+    out = subprocess.run(["ldd", str(binary.resolve())], capture_output=True, text=True, timeout=30, check=True).stdout
     resolved = {
         line.split("=>")[0].strip(): line.split("=>")[1].split("(")[0].strip()
         for line in out.splitlines()
