@@ -1,7 +1,8 @@
 """The ExecuTorch engine: a tiny Llama exported through gate's export path (KV cache, XNNPACK)
 decodes as transformers does, forced decode through the program's cache, the cached build's
-manifest, faults (a missing or corrupt `.pte`: exit 2 or 3, one line), and, marked slow, the
-embedded default model's fp32 program against its pin (exported once per session)."""
+manifest, faults (a missing or corrupt `.pte`: exit 2 or 3, one line), and, marked `export` (left
+out of the default run: `pytest -m export`), the embedded default model's fp32 program against its
+pin (exported once per session: 6-12 minutes of graph passes on one core)."""
 
 from __future__ import annotations
 
@@ -270,6 +271,7 @@ def default_fp32() -> Iterator[Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.export
 def test_the_default_model_gets_a_verdict_through_gate_run(default_fp32: Any, tmp_path: Path) -> None:
     """One shard of the suite (the whole suite is the results page's run: 7 minutes here),
     through the CLI, on the program the fixture exported into gate's cache."""
@@ -286,6 +288,7 @@ def test_the_default_model_gets_a_verdict_through_gate_run(default_fp32: Any, tm
 
 
 @pytest.mark.slow
+@pytest.mark.export
 def test_the_default_program_forces_its_own_tokens_bit_for_bit(default_fp32: Any) -> None:
     from gate.models.default import materialize_default
     from gate.models.hashing import source_hashes
