@@ -230,8 +230,9 @@ def test_goldens_check_names_a_plugins_changed_options(
 
 
 def test_a_builtin_name_resolves_without_reading_the_installed_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
-    """gate diagnose loads two engines by the built-in name `hf`: reading every installed
-    distribution's entry points for each cost about a prefill of the test checkpoint. A
+    """gate diagnose loads its honest engine by the built-in name `hf`: reading every
+    installed distribution's entry points for it cost a quarter of a prefill of the test
+    checkpoint. A
     plugin cannot take a built-in's name (`available` keeps the built-in), so a built-in's
     name needs no plugin; any other name still reads them."""
 
