@@ -51,7 +51,13 @@ def show_pin(*, model: str | None, pins_dir: Path | None) -> int:
 
 
 def add_reference(
-    *, model: str, pins_dir: Path | None, model_path: Path | None, floor: Path | None, force: bool
+    *,
+    model: str,
+    pins_dir: Path | None,
+    model_path: Path | None,
+    floor: Path | None,
+    force: bool,
+    floor_only: bool = False,
 ) -> int:
     from gate.cli.output import say
     from gate.core.storage.json_file import read_json
@@ -61,7 +67,7 @@ def add_reference(
     fl = None
     if floor is not None:
         fl = Floor.from_dict(read_json(floor, what="floor file"), str(floor), key="reference_floor")
-    add(model, pins_dir, model_path=model_path, floor=fl, force=force, say=say)
+    add(model, pins_dir, model_path=model_path, floor=fl, floor_only=floor_only, force=force, say=say)
     return 0
 
 
@@ -152,11 +158,27 @@ def register(app: typer.Typer) -> None:
                 "same_top_rate, margin, measured_by): written to the doctrine as reference_floor.",
             ),
         ] = None,
+        floor_only: Annotated[
+            bool,
+            typer.Option(
+                "--floor-only",
+                help="Write only the --floor into a pin that carries its reference: the float32 lists are not "
+                "recorded again, the pin's records stay byte for byte.",
+            ),
+        ] = False,
         force: Annotated[
-            bool, typer.Option("--force", help="Record the reference again where the pin has one.")
+            bool,
+            typer.Option(
+                "--force",
+                help="Record the reference again where the pin has one (with --floor-only: replace its floor).",
+            ),
         ] = False,
     ) -> None:
         """Add the float32 reference (the same weights in float32, forced along the oracle's tokens) to a pin."""
-        raise typer.Exit(add_reference(model=model, pins_dir=pins_dir, model_path=model_path, floor=floor, force=force))
+        raise typer.Exit(
+            add_reference(
+                model=model, pins_dir=pins_dir, model_path=model_path, floor=floor, force=force, floor_only=floor_only
+            )
+        )
 
     app.add_typer(pin_app)

@@ -227,3 +227,20 @@ def test_goldens_check_names_a_plugins_changed_options(
     assert [m["prompt_id"] for m in rep["moves"]] == ["p1"]
     r = invoke(["goldens", "check", *common, "--engine-opt", f"trace={moved.name}"])
     assert f"engine options changed since the golden: trace '{trace.name}' → '{moved.name}'" in r.stdout
+
+
+def test_a_builtin_name_resolves_without_reading_the_installed_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gate diagnose loads its honest engine by the built-in name `hf`: reading every
+    installed distribution's entry points for it cost a quarter of a prefill of the test
+    checkpoint. A
+    plugin cannot take a built-in's name (`available` keeps the built-in), so a built-in's
+    name needs no plugin; any other name still reads them."""
+
+    def no_plugins(**kwargs: Any) -> Any:
+        raise AssertionError("entry points read for a built-in name")
+
+    monkeypatch.setattr(registry, "entry_points", no_plugins)
+    cls = registry.resolve("openai")
+    assert f"{cls.__module__}:{cls.__qualname__}" == registry.BUILTIN["openai"]
+    with pytest.raises(AssertionError, match="entry points read"):
+        registry.resolve("echo")

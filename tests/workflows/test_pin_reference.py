@@ -1,6 +1,8 @@
 """`gate pin reference` (`gate.workflows.pins.reference`): the float32 reference's lists are
 added to a pin, the oracle's own fields stay value for value, the pin's digest does not move,
-the floor goes into both copies of the doctrine, and a second run needs --force. A tiny
+the floor goes into both copies of the doctrine, and a second run needs --force. With
+`floor_only` a new floor replaces the old one (with --force) and nothing else moves: the lists
+are not recorded again, every record line stays byte for byte. A tiny
 random Llama pin recorded by the HF engine (tests/helpers/tiny_pin.py)."""
 
 from __future__ import annotations
@@ -49,6 +51,25 @@ def test_adding_the_reference_keeps_the_oracle_and_judges_against_float32(tmp_pa
     settings = json.loads((pins / MODEL / "oracle.json").read_text())
     assert settings["doctrine"]["reference_floor"] == floor.to_dict()
 
+    # A new floor alone: no engine is loaded, the lists stay, only the doctrine's
+    # reference_floor moves (in the header and in oracle.json).
+    lines_before = pin_path.read_bytes().splitlines(keepends=True)
+    raised = Floor(0.5, 9.0, 0.95, 1.5, "raised test floor")
+    with pytest.raises(PinError, match="--force"):
+        add_reference(MODEL, pins, floor=raised, floor_only=True)
+    assert pin_path.read_bytes().splitlines(keepends=True) == lines_before
+    add_reference(MODEL, pins, floor=raised, floor_only=True, force=True)
+    lines_now = pin_path.read_bytes().splitlines(keepends=True)
+    assert lines_now[1:] == lines_before[1:]
+    head_now, head_before = json.loads(lines_now[0]), json.loads(lines_before[0])
+    assert head_now["doctrine"]["reference_floor"] == raised.to_dict()
+    head_now["doctrine"]["reference_floor"] = head_before["doctrine"]["reference_floor"]
+    assert head_now == head_before
+    settings_now = json.loads((pins / MODEL / "oracle.json").read_text())
+    assert settings_now["doctrine"]["reference_floor"] == raised.to_dict()
+    settings_now["doctrine"]["reference_floor"] = settings["doctrine"]["reference_floor"]
+    assert settings_now == settings
+
     pin = load_pin(MODEL, pins)
     assert trace_sha256(pin.trace) == trace_sha256(before)
     ref = reference_of(pin.trace)
@@ -68,3 +89,27 @@ def test_adding_the_reference_keeps_the_oracle_and_judges_against_float32(tmp_pa
     d = compare(o, cand, Doctrine(reference_floor=floor)).distribution
     assert d is not None and d.by_reference and d.judged
     assert d.reference is not None and d.reference.kl_mean_mnats is not None and d.reference.kl_mean_mnats > 0
+
+
+def test_a_floor_alone_needs_the_pin_to_carry_its_reference(tmp_path: Path) -> None:
+    """`floor_only` on a pin without float32 lists, or without a floor, is an input error and
+    writes nothing (no engine is loaded: the pin is a written file)."""
+    from gate.core.traces.trace import PromptRecord, TraceHeader, encode_trace
+    from gate.core.verdict.floor import Floor
+    from gate.errors import InputError, PinError
+    from gate.workflows.pins.reference import add_reference
+
+    folder = tmp_path / "pins" / "org" / "m"
+    folder.mkdir(parents=True)
+    header = TraceHeader("oracle", "org/m", 2, {"name": "vllm", "version": "0"})
+    record = PromptRecord(id="a", prompt_token_ids=(1, 2), token_ids=(3,), top_logprobs=(((3, -0.1), (4, -2.5)),))
+    pin_bytes = encode_trace(header, [record])
+    (folder / "pin.jsonl").write_bytes(pin_bytes)
+    (folder / "oracle.json").write_text('{"model": "org/m", "engine": "vllm"}\n')
+    floor = Floor(0.5, 9.0, 0.95, 1.5, "test floor")
+    with pytest.raises(PinError, match="float32 reference"):
+        add_reference("org/m", tmp_path / "pins", floor=floor, floor_only=True, force=True)
+    with pytest.raises(InputError, match="--floor"):
+        add_reference("org/m", tmp_path / "pins", floor_only=True)
+    assert (folder / "pin.jsonl").read_bytes() == pin_bytes
+    assert (folder / "oracle.json").read_text() == '{"model": "org/m", "engine": "vllm"}\n'

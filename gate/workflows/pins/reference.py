@@ -8,7 +8,9 @@ Everything the oracle recorded stays as it was: its ids, tokens, lists and logit
 written back value for value (the reader keeps them; `encode_trace` writes them), so the
 pin's digest (`trace_sha256`) does not move. The honest floor against the reference is the
 doctrine's `reference_floor`, measured by the separation study and written to oracle.json and
-the header by hand (`--floor FILE`: a JSON object of `Floor`'s keys).
+the header by hand (`--floor FILE`: a JSON object of `Floor`'s keys). `--floor-only` writes a
+new floor into a pin that carries its lists without recording them again (`set_floor`): the
+header's doctrine and oracle.json's change, every record line stays byte for byte.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from typing import Any
 from gate.core.pins.pin import PinFolder, folder_for_writing
 from gate.core.storage.atomic import atomic_write
 from gate.core.traces.reader import read_trace
-from gate.core.traces.trace import PromptRecord, Trace, encode_trace
+from gate.core.traces.trace import PromptRecord, Trace, encode_header, encode_trace
 from gate.core.verdict.floor import Floor
 from gate.core.verdict.reference import REFERENCE_HEADER_KEY, REFERENCE_KEY, has_reference, reference_of
-from gate.errors import EngineError, PinError
+from gate.errors import EngineError, InputError, PinError
 from gate.text import plural
 from gate.workflows.common.requests import Say, silent
 
@@ -89,12 +91,18 @@ def add_reference(
     *,
     model_path: Path | None = None,
     floor: Floor | None = None,
+    floor_only: bool = False,
     force: bool = False,
     say: Say = silent,
 ) -> Path:
-    """Record the float32 reference into the pin of `model` (and `floor` into its doctrine)."""
+    """Record the float32 reference into the pin of `model` (and `floor` into its doctrine);
+    with `floor_only`, write `floor` alone (`set_floor`)."""
     import orjson
 
+    if floor_only:
+        if floor is None:
+            raise InputError("--floor-only writes the floor given by --floor; give --floor FILE")
+        return set_floor(model, pins_dir, floor, force=force, say=say)
     folder: PinFolder = folder_for_writing(model, pins_dir)
     pin = read_trace(folder.pin_path, role="oracle")
     if has_reference(pin) and not force:
@@ -109,4 +117,30 @@ def add_reference(
         atomic_write(folder.settings_path, orjson.dumps(raw, option=orjson.OPT_INDENT_2) + b"\n", overwrite=True)
     atomic_write(folder.pin_path, data, overwrite=True)
     say(f"reference written to {folder.pin_path}" + (" and its floor to oracle.json" if doctrine else ""))
+    return folder.pin_path
+
+
+def set_floor(model: str, pins_dir: Path | None, floor: Floor, *, force: bool = False, say: Say = silent) -> Path:
+    """Write `floor` as the doctrine's `reference_floor` of a pin that carries its float32 lists,
+    without recording them again: the pin's header and oracle.json change, each record line is
+    written back as it was read. Replacing a different `reference_floor` needs `force`."""
+    import orjson
+
+    folder: PinFolder = folder_for_writing(model, pins_dir)
+    pin = read_trace(folder.pin_path, role="oracle")
+    if not has_reference(pin):
+        raise PinError(
+            f"{folder.pin_path} carries no float32 reference: its floor would judge nothing; record the "
+            "reference with `gate pin reference` (without --floor-only) first"
+        )
+    old = (pin.header.extra.get("doctrine") or {}).get("reference_floor")
+    if old is not None and old != floor.to_dict() and not force:
+        raise PinError(f"{folder.pin_path} has a reference_floor already; pass --force to replace it")
+    trace, doctrine = with_reference(pin, pin.records, pin.header.extra[REFERENCE_HEADER_KEY], floor)
+    lines = folder.pin_path.read_bytes().splitlines(keepends=True)
+    raw = orjson.loads(folder.settings_path.read_bytes())
+    raw["doctrine"] = doctrine
+    atomic_write(folder.settings_path, orjson.dumps(raw, option=orjson.OPT_INDENT_2) + b"\n", overwrite=True)
+    atomic_write(folder.pin_path, b"".join([encode_header(trace.header), *lines[1:]]), overwrite=True)
+    say(f"reference_floor written to {folder.pin_path} and oracle.json; the float32 lists kept as they were")
     return folder.pin_path
