@@ -400,14 +400,23 @@ def tiny_pins(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="session")
-def vllm_openai(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from helpers.vllm_server import VLLMServerError, start_vllm_server
+def vllm_openai(
+    tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    """The server, booted while the offline oracle records the pin (`tiny_pins`): the two
+    starts overlap (each is mostly one process importing and loading)."""
+    from helpers.vllm_server import VLLMServerError, launch_vllm_server, wait_healthy
 
     log = tmp_path_factory.mktemp("openai-server") / "vllm-server.log"
+    srv = launch_vllm_server(tiny_llama, log, served_model=SERVED)
     try:
-        srv = start_vllm_server(tiny_llama, log, served_model=SERVED)
+        request.getfixturevalue("tiny_pins")
+        wait_healthy(srv)
     except VLLMServerError as exc:
         pytest.fail(str(exc), pytrace=False)
+    except BaseException:
+        srv.stop()
+        raise
     try:
         yield srv
     finally:

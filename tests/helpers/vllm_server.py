@@ -111,6 +111,23 @@ def start_vllm_server(
     env: dict[str, str] | None = None,
 ) -> VLLMServer:
     """Start the server and wait until GET /health answers 200."""
+    server = launch_vllm_server(
+        model_path, log_path, served_model=served_model, max_model_len=max_model_len, extra_args=extra_args, env=env
+    )
+    wait_healthy(server, startup_timeout_s)
+    return server
+
+
+def launch_vllm_server(
+    model_path: str | os.PathLike[str],
+    log_path: Path,
+    *,
+    served_model: str,
+    max_model_len: int = 512,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> VLLMServer:
+    """Start the server's process and return at once (it boots meanwhile): `wait_healthy` next."""
     port = free_port()
     cmd = server_command(
         model_path, port, served_model=served_model, max_model_len=max_model_len, extra_args=extra_args
@@ -123,7 +140,13 @@ def start_vllm_server(
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=proc_env, start_new_session=True
         )
-    server = VLLMServer(process, port, os.fspath(model_path), served_model, log_path)
+    return VLLMServer(process, port, os.fspath(model_path), served_model, log_path)
+
+
+def wait_healthy(server: VLLMServer, startup_timeout_s: float = 300.0) -> None:
+    """Wait until GET /health answers 200; a server that exits or never gets there is
+    stopped and raises `VLLMServerError` with its log's tail."""
+    process, log_path = server.process, server.log_path
     deadline = time.monotonic() + startup_timeout_s
     try:
         while True:
@@ -133,7 +156,7 @@ def start_vllm_server(
                     f"vLLM server exited with code {code} before it was healthy; log {log_path}:\n{server.log_tail()}"
                 )
             if _healthy(server.url):
-                return server
+                return
             if time.monotonic() > deadline:
                 raise VLLMServerError(
                     f"vLLM server not healthy after {startup_timeout_s:.0f} s; log {log_path}:\n{server.log_tail()}"

@@ -39,8 +39,11 @@ def diagnosed(weights: Path, reference: Path) -> Any:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = VLLMEngine(str(weights), max_model_len=256)
     try:
+        first = engine.llm
         target = Target("p", len(CONTEXT) - len(PROMPT), "given", "decode", PROMPT, CONTEXT)
-        return diagnose_engine(engine, target, str(reference))
+        found = diagnose_engine(engine, target, str(reference))
+        assert engine.llm is first  # the engine's LLM carries the capture extension: no restart
+        return found
     finally:
         engine.close()
 

@@ -9,7 +9,8 @@ forward's rows. vLLM's fused RMSNorm returns `(normed, residual)` and its decode
 stream after it is the sum. Each forward's first context position is counted from the rows
 of `model.embed_tokens` (one request at a time, prefix caching off, as the engine runs).
 
-`capture_vllm` restarts the engine's `LLM` with this extension (the engine's own options
+The engine's `LLM` carries this extension when it records routing (the default);
+otherwise `capture_vllm` restarts it with the extension (the engine's own options
 otherwise) once, and keeps it: its hooks are removed after each capture, so the model runs
 untouched. It feeds the context (prefill: one request over it; decode: the prompt, then the
 context's tokens forced one decode step at a time by the engine's forced-token logits
@@ -143,6 +144,9 @@ def capture_vllm(engine: Any, prompt_ids: Sequence[int], context_ids: Sequence[i
     if path != PREFILL and engine.options.get("force_mode") != "decode":
         raise InputError("gate diagnose on vllm's decode path needs --engine-opt force_mode=decode")
     llm = engine.llm if getattr(engine, "_gate_diagnose_llm", None) is engine.llm is not None else None
+    running = (engine.llm_mode, engine.llm_extension) if engine.llm is not None else None
+    if llm is None and running == ("raw_logprobs", EXTENSION):  # started with it: no restart
+        llm = engine._gate_diagnose_llm = engine.llm
     if llm is None:  # restart the engine's LLM with the extension, once
         engine._shutdown()
         saved = (engine.worker_extension, engine.options["record_routing"])

