@@ -143,6 +143,22 @@ VARIANTS: tuple[Variant, ...] = (
         "llama.cpp's server on the same Q4_1 GGUF (forced one request per position on its cached prefix)",
         engine="llama-server",
     ),
+    Variant(
+        "real-mlx-4bit",
+        REALISTIC,
+        "MLX (mlx-lm on the CPU), its own 4-bit quantisation of the pinned weights (affine, groups of 64)",
+        engine="mlx",
+        options={"quantize": "4"},
+        expect=NOT_A_PASS,
+    ),
+    Variant(
+        "real-executorch-8da4w",
+        REALISTIC,
+        "ExecuTorch (XNNPACK), the 8da4w recipe: int8 dynamic activations, int4 weights in groups of 32",
+        engine="executorch",
+        options={"recipe": "8da4w"},
+        expect=NOT_A_PASS,
+    ),
     # Borderline kernel shortcuts (gate.engines.hf.mutants_kernels): reported, not expected.
     Variant("short-rmsnorm-bf16", BORDERLINE, "every RMSNorm in bfloat16", engine="mutant:rmsnorm-bf16"),
     Variant("short-rmsnorm-eps-1e-6", BORDERLINE, "RMSNorm epsilon 1e-6", engine="mutant:rmsnorm-eps-1e-6"),
