@@ -97,8 +97,6 @@ def add_reference(
 ) -> Path:
     """Record the float32 reference into the pin of `model` (and `floor` into its doctrine);
     with `floor_only`, write `floor` alone (`set_floor`)."""
-    import orjson
-
     if floor_only:
         if floor is None:
             raise InputError("--floor-only writes the floor given by --floor; give --floor FILE")
@@ -112,9 +110,7 @@ def add_reference(
     trace, doctrine = with_reference(pin, with_lists.records, with_lists.header.extra[REFERENCE_HEADER_KEY], floor)
     data = encode_trace(trace.header, trace.records)
     if doctrine is not None:
-        raw = orjson.loads(folder.settings_path.read_bytes())
-        raw["doctrine"] = doctrine
-        atomic_write(folder.settings_path, orjson.dumps(raw, option=orjson.OPT_INDENT_2) + b"\n", overwrite=True)
+        _write_doctrine(folder, doctrine)
     atomic_write(folder.pin_path, data, overwrite=True)
     say(f"reference written to {folder.pin_path}" + (" and its floor to oracle.json" if doctrine else ""))
     return folder.pin_path
@@ -124,8 +120,6 @@ def set_floor(model: str, pins_dir: Path | None, floor: Floor, *, force: bool = 
     """Write `floor` as the doctrine's `reference_floor` of a pin that carries its float32 lists,
     without recording them again: the pin's header and oracle.json change, each record line is
     written back as it was read. Replacing a different `reference_floor` needs `force`."""
-    import orjson
-
     folder: PinFolder = folder_for_writing(model, pins_dir)
     pin = read_trace(folder.pin_path, role="oracle")
     if not has_reference(pin):
@@ -138,9 +132,16 @@ def set_floor(model: str, pins_dir: Path | None, floor: Floor, *, force: bool = 
         raise PinError(f"{folder.pin_path} has a reference_floor already; pass --force to replace it")
     trace, doctrine = with_reference(pin, pin.records, pin.header.extra[REFERENCE_HEADER_KEY], floor)
     lines = folder.pin_path.read_bytes().splitlines(keepends=True)
-    raw = orjson.loads(folder.settings_path.read_bytes())
-    raw["doctrine"] = doctrine
-    atomic_write(folder.settings_path, orjson.dumps(raw, option=orjson.OPT_INDENT_2) + b"\n", overwrite=True)
+    _write_doctrine(folder, doctrine)
     atomic_write(folder.pin_path, b"".join([encode_header(trace.header), *lines[1:]]), overwrite=True)
     say(f"reference_floor written to {folder.pin_path} and oracle.json; the float32 lists kept as they were")
     return folder.pin_path
+
+
+def _write_doctrine(folder: PinFolder, doctrine: Mapping[str, Any] | None) -> None:
+    """oracle.json with `doctrine` in place of its own (every other key as it was)."""
+    import orjson
+
+    raw = orjson.loads(folder.settings_path.read_bytes())
+    raw["doctrine"] = doctrine
+    atomic_write(folder.settings_path, orjson.dumps(raw, option=orjson.OPT_INDENT_2) + b"\n", overwrite=True)
