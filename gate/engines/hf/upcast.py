@@ -1,5 +1,6 @@
 """gate diagnose's reference from the honest engine's own load: float32 by widening the
-loaded weights in place, where that is exactly what loading them in float32 gives.
+loaded weights, module by module as each runs, where that is exactly what loading them in
+float32 gives.
 
 Loading a model's weights in float32 reads every stored value and widens it; when every
 stored floating tensor is in the honest engine's dtype (a bf16 checkpoint and a bf16 honest
@@ -13,8 +14,8 @@ exactly. What must hold, checked here, else the reference is loaded on its own:
 - every floating buffer is already float32 (buffers are computed at init: one computed in
   the honest dtype would widen from rounded values).
 tests/workflows/test_diagnose_reference_upcast.py checks the result against a float32 load,
-logits bit for bit, on each architecture of the tests (Llama, Qwen3 MoE, the hybrid Qwen3.5
-MoE).
+logits and every capture point bit for bit, on each architecture of the tests (Llama, Qwen3
+MoE, the hybrid Qwen3.5 MoE), and that no float32 copy of the weights is held.
 """
 
 from __future__ import annotations
@@ -75,9 +76,102 @@ def widens_exactly(engine: Any) -> bool:
 
 
 def widen(engine: Any) -> None:
-    """Widen `engine`'s model to float32 in place (after `widens_exactly`); it is then the
-    reference engine, described as float32."""
-    engine.model = engine.model.to(torch.float32)
+    """Make `engine` the float32 reference (after `widens_exactly`): its model computes in
+    float32 from then on, described as float32, its weights widened module by module while
+    each runs (`LazyWidening`) rather than all at once."""
+    engine.model._gate_widening = LazyWidening(engine.model)
     engine.model.config.dtype = torch.float32
     engine.dtype = torch.float32
     engine.options = {**engine.options, "dtype": "float32"}
+
+
+ALIGN = 16  # float32 elements: each widened tensor starts on 64 bytes, as torch's own allocations
+
+
+class LazyWidening:
+    """A model's half-precision weights widened to float32 only while the module using them
+    runs, into one reused buffer: the same float32 values, so the same arithmetic and results
+    bit for bit as the widened load, without a float32 copy of every weight (on the real
+    Qwen3.6-35B-A3B 140 GB) nor the time to fault that much fresh memory in.
+
+    The units: each element of every `nn.ModuleList` (a decoder layer, a vision block) with
+    all its parameters, since a module may read a child's weight without calling the child
+    (Qwen3.5's DeltaNet passes `conv1d.weight` to its conv function); every other module's own
+    parameters (the final norm, the LM head). A plain `nn.Embedding` is not widened: looking
+    rows up in bf16 and widening them is the float32 lookup exactly, without widening the whole
+    table. Units that never run (the vision tower of a text prompt) are never widened. A unit
+    running inside another takes the buffer's next free part, or fresh memory past its end.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.units: list[tuple[torch.nn.Module, list[tuple[torch.nn.Module, str, torch.Tensor]]]] = []
+        self.handles: list[Any] = []
+        inside: set[int] = set()
+        for module in model.modules():
+            if isinstance(module, torch.nn.ModuleList):
+                for layer in module:
+                    if id(layer) in inside:
+                        continue
+                    members = list(layer.modules())
+                    inside.update(id(m) for m in members)
+                    self._unit(layer, members)
+        for module in model.modules():
+            if id(module) in inside:
+                continue
+            if type(module) is torch.nn.Embedding and module.max_norm is None and narrow(module.weight):
+                self.handles.append(module.register_forward_hook(_widen_output))
+            else:
+                self._unit(module, [module])
+        size = max((sum(_padded(t) for _, _, t in entries) for _, entries in self.units), default=0)
+        device = next((t.device for _, entries in self.units for _, _, t in entries), torch.device("cpu"))
+        self.buffer = torch.empty(size, dtype=torch.float32, device=device)
+        self.used = 0
+
+    def _unit(self, unit: torch.nn.Module, members: list[torch.nn.Module]) -> None:
+        entries: list[tuple[torch.nn.Module, str, torch.Tensor]] = [
+            (m, name, t) for m in members for name, t in m._parameters.items() if t is not None and narrow(t)
+        ]
+        if not entries:
+            return
+        self.units.append((unit, entries))
+        state: dict[str, int] = {}
+
+        def enter(_module: torch.nn.Module, _args: Any) -> None:
+            state["start"] = self.used
+            for m, name, t in entries:
+                m._parameters[name] = self._take(t)  # type: ignore[assignment]  # a plain tensor while it runs
+
+        def leave(_module: torch.nn.Module, _args: Any, _out: Any) -> None:
+            for m, name, t in entries:
+                m._parameters[name] = t  # type: ignore[assignment]  # the Parameter it was
+            self.used = state["start"]
+
+        self.handles.append(unit.register_forward_pre_hook(enter))
+        self.handles.append(unit.register_forward_hook(leave, always_call=True))
+
+    def _take(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel()
+        if self.used + n <= self.buffer.numel() and t.device == self.buffer.device:
+            out = self.buffer[self.used : self.used + n].view(t.shape)
+            self.used += _padded(t)
+        else:
+            out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+        return out.copy_(t)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def narrow(t: torch.Tensor) -> bool:
+    """Whether `t` is a floating tensor narrower than float32 (what widening widens)."""
+    return t.is_floating_point() and t.dtype in (torch.bfloat16, torch.float16)
+
+
+def _padded(t: torch.Tensor) -> int:
+    return -(-t.numel() // ALIGN) * ALIGN
+
+
+def _widen_output(_module: torch.nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+    return out.to(torch.float32)

@@ -391,8 +391,8 @@ def reference_and_band(
     """The reference capture (one float32 prefill over the context, standing for both paths),
     the honest band of each path and the two engines' descriptions, computed from one load
     of the weights where that is exact: the honest engine captures first, then its weights
-    are widened in place to float32 for the reference (`CapturesReference.widen`); else the
-    reference is loaded on its own. Neither engine outlives this call."""
+    are widened to float32 for the reference (`CapturesReference.widen`, layer by layer as
+    it runs); else the reference is loaded on its own. Neither engine outlives this call."""
     context = target.context_ids
     with clock.phase("load reference and honest"):
         engine = load_hf(model_path, honest_dtype)
