@@ -291,6 +291,14 @@ class HFEngine(TokenizerMethods):
         return (store.hits, store.reused_tokens) if store is not None else (0, 0)
 
     def close(self) -> None:
+        # Hooks that live as long as the model (routing, the reference's widening) and the
+        # modules they hold form cycles: removed, a closed model is freed at once, not when
+        # the cyclic collector next runs (tests/engines/test_hf_close_releases.py).
+        widening = getattr(self.model, "_gate_widening", None)
+        if widening is not None:
+            widening.remove()
+        if self.router_hooks is not None:
+            self.router_hooks.remove()
         self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -83,6 +83,10 @@ class SplitWatch(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _removed(index: int, value: torch.Tensor) -> None:
+    raise RuntimeError("a sub-part hook fired after its hooks were removed")
+
+
 class SubParts:
     """The sub-part points of one model and the hooks that read them; `points` continue the
     caller's point indexes from `first`."""
@@ -108,9 +112,13 @@ class SubParts:
                 self.spy.stop()
 
     def remove(self) -> None:
+        """Remove the hooks, and the caller's `emit` with them: it is the caller's bound method,
+        and the caller holds this object and the model's modules, a cycle that would keep a
+        closed model's weights resident until the cyclic collector runs."""
         for h in self.handles:
             h.remove()
         self.handles = []
+        self._emit = _removed
 
     def _point(self, layer: int, part: str, module: str) -> int:
         self.points.append(Point(layer, part, module))

@@ -159,9 +159,12 @@ class LazyWidening:
         return out.copy_(t)
 
     def remove(self) -> None:
+        """Remove the hooks and drop the units: the hooks' closures and the modules they widen
+        hold each other, which only the cyclic collector would otherwise free."""
         for h in self.handles:
             h.remove()
         self.handles = []
+        self.units = []
 
 
 def narrow(t: torch.Tensor) -> bool:
