@@ -373,10 +373,11 @@ def diagnose_candidate(
 
 def load_hf(model_path: str, dtype: str) -> ReferenceEngine:
     """A reference or honest engine: the registry's reference engine (transformers) on
-    `model_path` in `dtype`, no tokenizer."""
+    `model_path` in `dtype`, no tokenizer, its routers untouched (a diagnosis reads no
+    routing record: the record's hooks would only cost every forward a sort per router)."""
     from gate.engines.registry import load_reference
 
-    return load_reference(model_path, tokenizer=False, dtype=dtype)
+    return load_reference(model_path, tokenizer=False, dtype=dtype, record_routing=False)
 
 
 def reference_and_band(
