@@ -145,6 +145,14 @@ def test_a_re_recorded_pin_says_where_and_is_judged_by_the_doctrine() -> None:
     assert "(ratified_pass)" in lines[1] and "1 near tie, 0 defects" in lines[1]
     lines = rerecord_lines(old, new, Doctrine(near_tie_mnats=100.0))
     assert "(fail)" in lines[1] and "1 defect" in lines[1]
+    # Another host of the same key: the numbers moved, the tokens did not. The key names a
+    # kernel path, not a host; pin record says so rather than letting "the same machine key"
+    # read as a promise of bit for bit.
+    host = pin(AVX512, [[6, -0.5000001], [7, -0.75]], 6)
+    lines = rerecord_lines(old, host, Doctrine(near_tie_ulps=2.0))
+    assert lines[0].startswith("recorded on cpu:AVX512; the old pin on cpu:AVX512 (the same machine key")
+    assert "not bit for bit" in lines[0] and "kernel path, not a host" in lines[0]
+    assert len(lines) == 1  # the tokens held: a strict pass by the token rules, nothing more to say
 
 
 def test_native_bf16_hardware_is_another_kernel_path() -> None:

