@@ -87,13 +87,21 @@ def main() -> None:
     parser.add_argument("--position", type=int, default=16)
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--wide", action="store_true", help="a wider random checkpoint of --model's architecture")
+    parser.add_argument(
+        "--experts",
+        default=None,
+        metavar="COUNT,PER_TOKEN,WIDTH",
+        help="with --wide: its MoE blocks' expert count, experts per token and expert width "
+        "(256,8,64: Qwen3.6-35B-A3B's count and ratio; default 32,4,256)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     pin = load_pin(args.model)
     prompt = args.prompt or pin.trace.records[0].id
     target = target_given(pin, prompt, args.position)
     with tempfile.TemporaryDirectory() as wide_dir:
-        model = build_wide(resolve_model_path(args.model), Path(wide_dir)) if args.wide else args.model
+        experts = tuple(int(x) for x in args.experts.split(",")) if args.experts else None
+        model = build_wide(resolve_model_path(args.model), Path(wide_dir), experts) if args.wide else args.model
         bench(HFEngine(model), pin, target, prompt, args)
 
 
@@ -225,9 +233,10 @@ WIDE = {
 SEED = 20261203
 
 
-def build_wide(tiny: str, out: Path) -> str:
+def build_wide(tiny: str, out: Path, experts: tuple[int, ...] | None = None) -> str:
     """A seeded random checkpoint of `tiny`'s architecture with the text config widened by
-    WIDE (bfloat16, as the test checkpoint), tokenizer files copied; returns its folder."""
+    WIDE (bfloat16, as the test checkpoint), tokenizer files copied; returns its folder.
+    `experts`: (count, per token, width) instead of WIDE's."""
     import json
     import shutil
 
@@ -235,7 +244,11 @@ def build_wide(tiny: str, out: Path) -> str:
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     config = json.loads((Path(tiny) / "config.json").read_text())
-    config["text_config"].update(WIDE)
+    wide = dict(WIDE)
+    if experts is not None:
+        count, per_token, width = experts
+        wide.update(num_experts=count, num_experts_per_tok=per_token, moe_intermediate_size=width)
+    config["text_config"].update(wide)
     config["vision_config"]["out_hidden_size"] = WIDE["hidden_size"]
     (out / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
@@ -245,7 +258,7 @@ def build_wide(tiny: str, out: Path) -> str:
     model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
     model.save_pretrained(out)
     n = sum(p.numel() for p in model.parameters())
-    print(f"wide checkpoint: {n / 1e6:.0f}M parameters, seed {SEED}, {json.dumps(WIDE)}")
+    print(f"wide checkpoint: {n / 1e6:.0f}M parameters, seed {SEED}, {json.dumps(wide)}")
     return str(out)
 
 

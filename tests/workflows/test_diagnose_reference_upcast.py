@@ -30,6 +30,8 @@ def builders() -> dict[str, Callable[[Path], Path]]:
         "llama": lambda f: build_tiny_llama(f, seed=3, lm_head_scale=20.0),
         "qwen3-moe": lambda f: build_tiny_qwen3_moe(f, seed=3),
         "qwen3.5-moe-hybrid": lambda f: build_tiny_qwen3_5_moe(f, seed=3),
+        # The real model's expert count: 8 tokens reach at most 64 of the 256 experts.
+        "qwen3.5-moe-256": lambda f: build_tiny_qwen3_5_moe(f, seed=3, experts=(256, 8)),
     }
 
 
@@ -39,7 +41,7 @@ def engine(folder: Path, dtype: str) -> Any:
     return HFEngine(str(folder), tokenizer=False, dtype=dtype)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3-moe", "qwen3.5-moe-hybrid"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3-moe", "qwen3.5-moe-hybrid", "qwen3.5-moe-256"])
 def test_widening_the_bf16_load_is_the_float32_load_bit_for_bit(
     tiny_models_dir: Path, threads: None, arch: str
 ) -> None:
@@ -88,6 +90,45 @@ def test_the_reference_holds_no_float32_copy_of_the_weights(tiny_models_dir: Pat
     weights = sum(p.numel() for p in eng.model.parameters() if p.dtype == torch.bfloat16)
     held = eng.model._gate_widening.buffer.numel()
     assert 0 < held < weights / 2
+
+
+def test_only_the_routed_experts_rows_are_widened(tiny_models_dir: Path, threads: None) -> None:
+    """With 256 experts, 8 per token, a forward widens the dense weights and the rows of the
+    experts its tokens reach, no other: the rest of the buffer is never read (NaN there changes
+    nothing), and a decode step widens fewer than the prefill before it."""
+    import torch
+
+    from gate.engines.hf.upcast import widen
+
+    folder = builders()["qwen3.5-moe-256"](tiny_models_dir / "upcast-qwen3.5-moe-256")
+    eng = engine(folder, "bfloat16")
+    widen(eng)
+    widening = eng.model._gate_widening
+    widening.buffer.fill_(float("nan"))
+    experts = [m for m in eng.model.modules() if type(m).__name__.endswith("Experts")]
+    stacked = sum(p.numel() for m in experts for p in m.parameters())
+    dense = sum(p.numel() for p in eng.model.parameters() if p.dtype == torch.bfloat16) - stacked
+    dense -= eng.model.get_input_embeddings().weight.numel()  # looked up, then widened
+    dense -= sum(p.numel() for n, p in eng.model.named_parameters() if "visual" in n)  # never runs
+    routed: list[int] = []
+
+    def chosen(module: Any, args: Any, out: Any) -> None:
+        routed.append(len(torch.unique(out[2])))
+
+    handles = [m.gate.register_forward_hook(chosen) for m in eng.model.modules() if hasattr(m, "shared_expert")]
+    prompt = CONTEXT[:-1]
+    with torch.inference_mode():
+        logits, cache = eng._prefill(list(prompt))
+        after_prefill = widening.copied
+        per_expert = stacked // (len(experts) * 256)
+        assert after_prefill == dense + per_expert * sum(routed)
+        assert sum(routed) < 64 * len(experts) and torch.isfinite(logits).all()
+        routed.clear()
+        step, _ = eng._decode(CONTEXT[-1], cache)
+        assert torch.isfinite(step).all()
+        assert widening.copied - after_prefill == dense + per_expert * sum(routed) and sum(routed) <= 8 * len(experts)
+    for h in handles:
+        h.remove()
 
 
 def test_a_float32_checkpoint_loaded_in_bf16_is_not_widened(tiny_models_dir: Path, threads: None) -> None:
