@@ -132,6 +132,7 @@ class HFEngine(TokenizerMethods):
         # tokenizer (gate diagnose's reference and honest engine are given ids, and loading
         # the default model's tokenizer costs about two prefills of a short context).
         tokenizer = options.pop("tokenizer") if isinstance(options.get("tokenizer"), bool) else True
+        lender = options.pop("lender", None)  # Python only: gate.engines.hf.borrow.load_causal_lm
         opts = parse_options(self.name, options, OPTIONS)
         dtype_name = str(opts["dtype"]).lower()
         if dtype_name not in DTYPES:
@@ -151,15 +152,15 @@ class HFEngine(TokenizerMethods):
             torch.set_num_threads(int(opts["threads"]))
         self.model_path = resolve_model_path(model)
 
-        from transformers import AutoModelForCausalLM
-
         kwargs: dict[str, Any] = {"dtype": self.dtype, "trust_remote_code": bool(opts["trust_remote_code"])}
         if opts["revision"]:
             kwargs["revision"] = opts["revision"]
         if opts["attn_implementation"]:
             kwargs["attn_implementation"] = opts["attn_implementation"]
+        from gate.engines.hf.borrow import load_causal_lm
+
         try:
-            loaded: Any = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
+            loaded, self.borrowed = load_causal_lm(self.model_path, kwargs, lender, self.dtype)
         except OSError as exc:
             # transformers' way of saying "no such folder or repo, or not cached offline".
             raise InputError(f"cannot load model {model!r}: {exc}") from None

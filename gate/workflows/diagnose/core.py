@@ -303,7 +303,7 @@ class DiagnoseOptions(TypedDict, total=False):
 
 def diagnose_engine(engine: Any, target: Target, model_path: str, **options: Unpack[DiagnoseOptions]) -> Diagnosis:
     """Diagnose a loaded candidate engine at `target`, reference and band from `model_path`."""
-    return diagnose_candidate(capturer_for(engine), _describe(engine), target, model_path, **options)
+    return diagnose_candidate(capturer_for(engine), _describe(engine), target, model_path, lender=engine, **options)
 
 
 def diagnose_candidate(
@@ -319,9 +319,11 @@ def diagnose_candidate(
     timings: Timings | None = None,
     cache: bool = True,
     every_step: bool = False,
+    lender: Any = None,
 ) -> Diagnosis:
     """Diagnose a candidate (a capture adapter, or named activations) at `target`, the
-    reference and the band from `model_path`.
+    reference and the band from `model_path`; the honest engine on `lender`'s loaded weights
+    (the candidate engine) where they are the checkpoint's bit for bit (gate.engines.hf.borrow).
 
     The reference is captured once, by one float32 prefill over the context with the logits
     of every position a candidate's lm_head may bring, and stands for both paths: float32's
@@ -351,8 +353,14 @@ def diagnose_candidate(
         reference, bands, engines = kept.reference, dict(kept.bands), dict(kept.engines)
         notes = (*notes, "the reference and the honest band: from gate's cache (the same weights and context)")
     else:
-        computed = reference_and_band(target, model_path, honest_dtype, paths, stepped, logits_from, clock)
+        computed = reference_and_band(target, model_path, honest_dtype, paths, stepped, logits_from, clock, lender)
         reference, bands, engines = computed
+        if engines["honest"].get("weights") == LENT:
+            notes = (
+                *notes,
+                "the honest engine and the reference: on the candidate's loaded weights, "
+                "the checkpoint's bit for bit (not loaded again)",
+            )
     out = diagnose(
         target,
         candidate,
@@ -371,13 +379,18 @@ def diagnose_candidate(
     return out
 
 
-def load_hf(model_path: str, dtype: str) -> ReferenceEngine:
+def load_hf(model_path: str, dtype: str, lender: Any = None) -> ReferenceEngine:
     """A reference or honest engine: the registry's reference engine (transformers) on
     `model_path` in `dtype`, no tokenizer, its routers untouched (a diagnosis reads no
-    routing record: the record's hooks would only cost every forward a sort per router)."""
+    routing record: the record's hooks would only cost every forward a sort per router);
+    with `lender` (an engine), on its loaded weights where they are the checkpoint's."""
     from gate.engines.registry import load_reference
 
-    return load_reference(model_path, tokenizer=False, dtype=dtype, record_routing=False)
+    lent = {"lender": lender} if lender is not None else {}
+    return load_reference(model_path, tokenizer=False, dtype=dtype, record_routing=False, **lent)
+
+
+LENT = "the candidate's (the checkpoint's bit for bit)"  # an honest engine's `weights` when lent
 
 
 def reference_and_band(
@@ -388,15 +401,19 @@ def reference_and_band(
     stepped: Sequence[int],
     logits_from: int,
     clock: Timings,
+    lender: Any = None,
 ) -> tuple[Capture, dict[str, HonestBand], dict[str, Any]]:
     """The reference capture (one float32 prefill over the context, standing for both paths),
     the honest band of each path and the two engines' descriptions, computed from one load
     of the weights where that is exact: the honest engine captures first, then its weights
     are widened to float32 for the reference (`CapturesReference.widen`, layer by layer as
-    it runs); else the reference is loaded on its own. Neither engine outlives this call."""
+    it runs); else the reference is loaded on its own. The honest engine is built around
+    `lender`'s parameters where they are the checkpoint's (the HF engine's `lender` option),
+    else loaded. Neither engine outlives this call."""
     context = target.context_ids
     with clock.phase("load reference and honest"):
-        engine = load_hf(model_path, honest_dtype)
+        engine = load_hf(model_path, honest_dtype, lender)
+        lent = bool(getattr(engine, "borrowed", False))
     try:
         with clock.phase("honest capture"):
             if set(paths) == {PREFILL, DECODE}:
@@ -406,16 +423,19 @@ def reference_and_band(
                 prompt = stepped if path == DECODE else target.prompt_ids
                 rows = logits_from if path == PREFILL else None
                 honest = {path: engine.capture_path(prompt, context, path, logits_from=rows)}
-        honest_engine = _describe(engine)
+        honest_engine = _describe(engine) | ({"weights": LENT} if lent else {})
         with clock.phase("load reference and honest"):
             if engine.widens_exactly():
                 engine.widen()
             else:
                 engine.close()
-                engine = load_hf(model_path, "float32")
+                engine, lent = load_hf(model_path, "float32"), False
         with clock.phase("reference capture"):
             reference = engine.capture_path(target.prompt_ids, context, PREFILL, logits_from=logits_from)
-        engines = {"reference": _describe(engine), "honest": honest_engine}
+        engines = {
+            "reference": _describe(engine) | ({"weights": LENT} if lent else {}),
+            "honest": honest_engine,
+        }
     finally:
         engine.close()
     with clock.phase("honest capture"):
