@@ -23,14 +23,12 @@ captures bit for bit against its own load's.
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
-import orjson
 import torch
 
-from gate.engines.hf.upcast import HEADER_LIMIT, STORED, stored_dtypes
+from gate.engines.hf.upcast import FLOATING, STORED, read_header
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
@@ -43,13 +41,11 @@ def lendable(candidate: Any, model_path: str, dtype: torch.dtype) -> dict[str, t
         return None
     if getattr(candidate, "dtype", None) != dtype or dtype not in STORED:
         return None
-    if stored_dtypes(model_path) != {STORED[dtype]}:
+    stored = _headers(Path(model_path)) if Path(model_path).is_dir() else None
+    if stored is None or {d for _, _, _, d, _ in stored.values() if d in FLOATING} != {STORED[dtype]}:
         return None
     params: dict[str, torch.Tensor] = dict(model.named_parameters())
     if not params or any(p.dtype != dtype for p in params.values()):
-        return None
-    stored = _headers(Path(model_path))
-    if stored is None:
         return None
     try:
         return params if _all_stored(model, params, stored) else None
@@ -68,15 +64,12 @@ def _headers(folder: Path) -> Stored | None:
     for f in sorted(folder.glob("*.safetensors")):
         try:
             size = f.stat().st_size
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > HEADER_LIMIT:
-                    return None
-                header = orjson.loads(fh.read(n))
-        except (OSError, struct.error, orjson.JSONDecodeError):
+        except OSError:
             return None
-        if not isinstance(header, dict):
+        read = read_header(f)
+        if read is None:
             return None
+        header, n = read
         for name, entry in header.items():
             if name == "__metadata__":
                 continue

@@ -41,16 +41,10 @@ def stored_dtypes(folder: str | Path) -> set[str] | None:
         return None
     found: set[str] = set()
     for f in files:
-        try:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > HEADER_LIMIT:
-                    return None
-                header = orjson.loads(fh.read(n))
-        except (OSError, struct.error, orjson.JSONDecodeError):
+        read = read_header(f)
+        if read is None:
             return None
-        if not isinstance(header, dict):
-            return None
+        header, _ = read
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
@@ -60,6 +54,20 @@ def stored_dtypes(folder: str | Path) -> set[str] | None:
             if dtype in FLOATING:
                 found.add(dtype)
     return found
+
+
+def read_header(f: Path) -> tuple[dict[str, Any], int] | None:
+    """A safetensors file's header (a dict) and its length in bytes, bounded by HEADER_LIMIT;
+    None when it cannot be read."""
+    try:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > HEADER_LIMIT:
+                return None
+            header = orjson.loads(fh.read(n))
+    except (OSError, struct.error, orjson.JSONDecodeError):
+        return None
+    return (header, n) if isinstance(header, dict) else None
 
 
 def widens_exactly(engine: Any) -> bool:
