@@ -12,6 +12,7 @@ tokenizer files into a folder and returns its path; load it with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,15 @@ def tiny_deepseek_v3(seed: int = 0) -> Any:
     with torch.no_grad():
         model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(torch.randn(8) * 0.1)
     return model
+
+
+def architectures(seed: int) -> dict[str, Callable[[Path], Path]]:
+    """A builder of each architecture the diagnosis's weight tests run on, by name: a dense
+    Llama, Qwen3 MoE, the hybrid Qwen3.5 MoE, and the latter with the real model's 256 experts,
+    8 per token."""
+    return {
+        "llama": lambda f: build_tiny_llama(f, seed=seed, lm_head_scale=20.0),
+        "qwen3-moe": lambda f: build_tiny_qwen3_moe(f, seed=seed),
+        "qwen3.5-moe-hybrid": lambda f: build_tiny_qwen3_5_moe(f, seed=seed),
+        "qwen3.5-moe-256": lambda f: build_tiny_qwen3_5_moe(f, seed=seed, experts=(256, 8)),
+    }

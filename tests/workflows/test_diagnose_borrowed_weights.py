@@ -28,14 +28,9 @@ def threads() -> Iterator[None]:
 
 
 def builders() -> dict[str, Callable[[Path], Path]]:
-    from helpers.tiny_models import build_tiny_llama, build_tiny_qwen3_5_moe, build_tiny_qwen3_moe
+    from helpers.tiny_models import architectures
 
-    return {
-        "llama": lambda f: build_tiny_llama(f, seed=4, lm_head_scale=20.0),
-        "qwen3-moe": lambda f: build_tiny_qwen3_moe(f, seed=4),
-        "qwen3.5-moe-hybrid": lambda f: build_tiny_qwen3_5_moe(f, seed=4),
-        "qwen3.5-moe-256": lambda f: build_tiny_qwen3_5_moe(f, seed=4, experts=(256, 8)),
-    }
+    return architectures(seed=4)
 
 
 def candidate(folder: Path, dtype: str = "bfloat16") -> Any:
