@@ -162,6 +162,73 @@ def test_another_dtype_folder_or_engine_is_not_lent(tiny_models_dir: Path, threa
     assert lent(candidate(folder), copy) is None
 
 
+def test_stacked_experts_are_checked_as_views_of_their_rows(
+    tiny_models_dir: Path, threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 256 experts' stacked weights are compared row block by row block with the stored
+    per-expert tensors, never through transformers' reverse mapping with their data (its
+    reverse copies them: at 256 experts a third of the check); lent as before, and a swapped
+    gate and up projection of one expert is not the checkpoint's."""
+    import torch
+    import transformers.core_model_loading as loading
+
+    folder = builders()["qwen3.5-moe-256"](tiny_models_dir / "borrow-qwen3.5-moe-256")
+    eng = candidate(folder)
+    real = loading.revert_weight_conversion
+    reverted: list[tuple[str, str]] = []
+
+    def watched(model: Any, state_dict: dict[str, Any]) -> Any:
+        reverted.extend((name, t.device.type) for name, t in state_dict.items() if ".experts." in name)
+        return real(model, state_dict)
+
+    monkeypatch.setattr(loading, "revert_weight_conversion", watched)
+    assert lent(eng, folder) is not None
+    stacked = {n for n, p in eng.model.named_parameters() if ".experts." in n and p.ndim == 3}
+    assert len(stacked) == 2 * eng.model.config.num_hidden_layers
+    assert {n for n, _ in reverted} == stacked and {d for _, d in reverted} == {"meta"}
+    experts = next(m for m in eng.model.modules() if type(m).__name__.endswith("Experts"))
+    half = experts.gate_up_proj.shape[1] // 2
+    with torch.no_grad():
+        row = experts.gate_up_proj.data[7]
+        row.copy_(torch.cat([row[half:], row[:half]]))  # expert 7's up projection where its gate is
+    assert lent(eng, folder) is None
+
+
+def test_the_check_leaves_nothing_mapped_nor_resident(
+    tiny_models_dir: Path, threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check reads the files through a mapping: closed when it returns, whether it lends or
+    not, and each tensor's pages out of the resident set once compared (a mapping left open
+    holds a 70 GB checkpoint's pages in the process's RSS)."""
+    import mmap
+
+    from gate.engines.hf import borrow
+
+    folder = builders()["qwen3.5-moe-256"](tiny_models_dir / "borrow-qwen3.5-moe-256")
+    eng = candidate(folder)
+    stored = str(next(folder.glob("*.safetensors")).resolve())
+
+    def mapped() -> int:
+        return sum(stored in line for line in Path("/proc/self/maps").read_text().splitlines())
+
+    before = mapped()
+    advised: list[int] = []
+    real = mmap.mmap.madvise
+
+    class Watched(mmap.mmap):
+        def madvise(self, option: int, start: int = 0, length: int = 0) -> None:
+            advised.append(length)
+            real(self, option, start, length)
+
+    monkeypatch.setattr(borrow.mmap, "mmap", Watched)
+    assert lent(eng, folder) is not None
+    assert mapped() == before
+    # Every stored byte let go again: the lengths cover the file's tensors.
+    assert sum(advised) >= sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    eng.model.model.norm.weight.data.add_(0.5)
+    assert lent(eng, folder) is None and mapped() == before
+
+
 def test_a_diagnosis_says_where_its_honest_weights_came_from(threads: None) -> None:
     """On gate's Qwen3.6 test checkpoint: the HF engine as the candidate lends its weights and
     the diagnosis says so; a candidate with an altered expert does not, and the diagnosis

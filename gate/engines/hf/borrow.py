@@ -23,6 +23,7 @@ captures bit for bit against its own load's.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,11 @@ def _headers(folder: Path) -> Stored | None:
 
 def _all_stored(model: Any, params: dict[str, torch.Tensor], stored: Stored) -> bool:
     """Whether every parameter, in the checkpoint's layout, is a stored tensor bit for bit.
-    Checked a decoder layer at a time (the reverse of stacked experts is a copy of the layer's)."""
+    Checked a decoder layer at a time; an MoE block's stacked experts by views of their rows
+    (`_expert_rows`), every other parameter through transformers' reverse mapping (whose
+    reverse of the experts is a copy of them). The files are mapped into memory (the page
+    cache's own pages, as a safetensors load reads them: no copy of the stored bytes; a
+    private mapping, never written, a layer's pages let go once compared)."""
     from transformers.core_model_loading import revert_weight_conversion
 
     groups: dict[str, dict[str, torch.Tensor]] = {}
@@ -98,14 +103,24 @@ def _all_stored(model: Any, params: dict[str, torch.Tensor], stored: Stored) -> 
         parts = name.split(".")
         cut = parts.index("layers") + 2 if "layers" in parts[:-2] else len(parts)
         groups.setdefault(".".join(parts[:cut]), {})[name] = p
-    buffer = bytearray()
-    handles: dict[Path, Any] = {}
+    conversions = _conversions(model)
+    maps: dict[Path, mmap.mmap] = {}
     try:
         for group in groups.values():
-            reverted = revert_weight_conversion(model, group)
+            reverted: dict[str, torch.Tensor] = {}
+            others: dict[str, torch.Tensor] = {}
+            for name, p in group.items():
+                rows = _expert_rows(model, conversions, name, p)
+                if rows is None:
+                    others[name] = p
+                else:
+                    reverted.update(rows)
+            if others:
+                reverted.update(revert_weight_conversion(model, others))
             # Every element of the group's parameters is in what is compared, once.
             if sum(t.numel() for t in reverted.values()) != sum(p.numel() for p in group.values()):
                 return False
+            spans: dict[Path, tuple[int, int]] = {}
             for name, t in sorted(reverted.items(), key=lambda kv: stored[kv[0]][:2] if kv[0] in stored else ()):
                 where = stored.get(name)
                 if where is None or not isinstance(t, torch.Tensor):
@@ -113,36 +128,132 @@ def _all_stored(model: Any, params: dict[str, torch.Tensor], stored: Stored) -> 
                 f, a, b, dtype, shape = where
                 if DTYPES.get(dtype) != t.dtype or list(t.shape) != shape:
                     return False
-                if len(buffer) < b - a:
-                    buffer = bytearray(b - a)
-                fh = handles.get(f) or handles.setdefault(f, open(f, "rb"))  # noqa: SIM115  # closed below
-                fh.seek(a)
-                if fh.readinto(memoryview(buffer)[: b - a]) != b - a:
+                if b == a:
+                    continue
+                if f not in maps:
+                    with open(f, "rb") as fh:
+                        maps[f] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+                if b > len(maps[f]) or not _same_bytes(maps[f], a, b - a, t):
                     return False
-                if b > a and not _same_bytes(buffer, b - a, t):
-                    return False
+                lo, hi = spans.get(f, (a, b))
+                spans[f] = (min(lo, a), max(hi, b))
+            for f, (lo, hi) in spans.items():  # read once: out of the resident set (the page cache keeps them)
+                start = lo - lo % mmap.PAGESIZE
+                maps[f].madvise(mmap.MADV_DONTNEED, start, hi - start)
     finally:
-        for fh in handles.values():
-            fh.close()
+        for mapped in maps.values():
+            mapped.close()
     return True
 
 
-def _same_bytes(buffer: bytearray, n: int, t: torch.Tensor) -> bool:
-    """Whether `t`'s bytes are the buffer's first n (compared as 8-byte words where they divide)."""
+def _conversions(model: Any) -> list[Any]:
+    """The weight conversions transformers applied loading `model` (or would: its mapping)."""
+    found = getattr(model, "_weight_conversions", None)
+    if found is None:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        found = get_model_conversion_mapping(model, add_legacy=False)
+    return list(found or [])
+
+
+def _expert_rows(model: Any, conversions: list[Any], name: str, p: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The stored tensors a stacked experts parameter comes from, by stored name, as views of
+    its rows (no copy): where its conversion is transformers' stacking of per-expert weights
+    (`MergeModulelist(dim=0)`, then `Concatenate(dim=1)` of the K projections it fuses, as
+    qwen2_moe's mapping fuses gate_proj and up_proj), expert e's k-th projection is rows
+    [k A/K, (k+1) A/K) of p[e] (p: [experts, A, B]), named as transformers' own reverse names
+    it (run on a meta tensor: names and shapes, no data). None for any other parameter or
+    anything unexpected (the reverse mapping then checks it)."""
+    import re
+
+    from transformers.core_model_loading import (
+        Concatenate,
+        MergeModulelist,
+        WeightConverter,
+        revert_weight_conversion,
+    )
+
+    if p.ndim != 3 or not p.is_contiguous():
+        return None
+    conv = next(
+        (
+            c
+            for c in conversions
+            if isinstance(c, WeightConverter)
+            and len(c.target_patterns) == 1
+            and "*" not in c.target_patterns[0]
+            and name.endswith("." + c.target_patterns[0])
+        ),
+        None,
+    )
+    if conv is None:
+        return None
+    kinds = [(type(op), getattr(op, "dim", None), getattr(op, "num_shards_attribute", None)) for op in conv.operations]
+    sources = list(conv.source_patterns)
+    merged = [(MergeModulelist, 0, None)]
+    stacked = kinds == merged and len(sources) == 1
+    fused = kinds == [*merged, (Concatenate, 1, None)] and len(sources) > 1
+    if not (stacked or fused):
+        return None
+    experts, width, cols = p.shape
+    k_count = len(sources)
+    if width % k_count:
+        return None
+    part = width // k_count
+    patterns = [re.compile(re.escape(s).replace(r"\*", r"(\d+)") + "$") for s in sources]
+    names = revert_weight_conversion(model, {name: torch.empty(p.shape, dtype=p.dtype, device="meta")})
+    rows = p.view(experts * width, cols)
+    out: dict[str, torch.Tensor] = {}
+    for stored_name, t in names.items():
+        hit = next(((k, m) for k, pat in enumerate(patterns) if (m := pat.search(stored_name))), None)
+        if hit is None or not isinstance(t, torch.Tensor) or list(t.shape) != [part, cols]:
+            return None
+        k, m = hit
+        e = int(m.group(1))
+        if not 0 <= e < experts or stored_name in out:
+            return None
+        out[stored_name] = rows[e * width + k * part : e * width + (k + 1) * part]
+    return out if len(out) == experts * k_count else None
+
+
+def _same_bytes(mapped: mmap.mmap, offset: int, n: int, t: torch.Tensor) -> bool:
+    """Whether `t`'s bytes are the n at `offset` of `mapped` (compared as 8-byte words where
+    they divide). The view of the mapping is gone when this returns (a mapping with a live
+    view cannot be closed)."""
     word = torch.int64 if n % 8 == 0 else torch.int16 if n % 2 == 0 else torch.uint8
-    x = torch.frombuffer(buffer, dtype=word, count=n // word.itemsize)
     y = t.detach().contiguous().reshape(-1).view(torch.uint8).view(word)
-    return bool(torch.equal(x.to(y.device), y))
+    x = torch.frombuffer(mapped, dtype=word, count=n // word.itemsize, offset=offset)
+    try:
+        return bool(torch.equal(x.to(y.device), y))
+    finally:
+        del x
+
+
+def _config(model_path: str) -> Any:
+    """The folder's config as `AutoConfig.from_pretrained` reads it (the same dict, class and
+    path), without the text of the whole config that its `from_dict` formats for a log line (a
+    third of a tiny model's build); AutoConfig itself for anything else (remote code, a type it
+    remaps or cannot map, a key it would set)."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_dict, unused = PretrainedConfig.get_config_dict(model_path, _from_auto=True, name_or_path=model_path)
+    model_type = config_dict.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING or model_type == "mistral":
+        return AutoConfig.from_pretrained(model_path)
+    if "auto_map" in config_dict or set(unused) - {"_from_auto", "name_or_path"}:
+        return AutoConfig.from_pretrained(model_path)
+    return CONFIG_MAPPING[model_type](**{**config_dict, "name_or_path": model_path})
 
 
 def built_around(model_path: str, weights: dict[str, Any], kwargs: dict[str, Any]) -> Any:
     """The causal LM transformers loads from `model_path`, built around `weights` (its
     parameters by name, as `named_parameters` gives them) instead of the stored ones: the
     class AutoModelForCausalLM picks for the folder's config, that config, its buffers and ties."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.models.auto.auto_factory import _get_model_class
 
-    config = AutoConfig.from_pretrained(model_path)
+    config = _config(model_path)
     cls = _get_model_class(config, AutoModelForCausalLM._model_mapping)
     text = config.sub_configs.get("text_config", None)
     if text is not None and getattr(cls, "config_class", None) == text:  # a multimodal folder's causal LM
