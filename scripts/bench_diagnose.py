@@ -1,5 +1,6 @@
 """One `gate diagnose` on the default model: wall time and peak memory as ratios against a plain
-forward (one prefill) of the same context by the same candidate engine, in the same process.
+forward (one prefill) of the same context by the same candidate engine, in the same process
+(the median of ten: five before the diagnoses, five after; peak memory against the five before).
 
     flock /tmp/gate-heavy.lock env OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python scripts/bench_diagnose.py
     ... scripts/bench_diagnose.py --model gate-llm/Qwen3.6-tiny   # gate's Qwen3.6 test checkpoint
@@ -117,15 +118,10 @@ def bench(engine: Any, pin: Any, target: Any, prompt: str, args: argparse.Namesp
             return engine._prefill(ids)
 
     plain()  # warm
-    # The unit: the median of five plain prefills (one sample moves with the machine's other jobs).
+    # The unit: the median of ten plain prefills, five before the diagnoses and five after (one
+    # sample moves with the machine's other jobs, and the machine's speed drifts over a run).
     samples = [measured(plain) for _ in range(5)]
-    base_s = statistics.median(s for s, _, _ in samples)
-    base_cpu = statistics.median(cpu[-5:])
-    base_peak = max(peak for _, peak, _ in samples)
-    wide = " (--wide)" if args.wide else ""
-    print(f"model {args.model}{wide}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
-    print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
-    print(line("plain forward (one prefill, median of 5):", base_s, base_cpu, base_peak))
+    before_cpu = cpu[-5:]
 
     def one(timings: Timings) -> Any:
         return diagnose_engine(engine, target, engine.model_path, model=pin.model, timings=timings)
@@ -138,6 +134,7 @@ def bench(engine: Any, pin: Any, target: Any, prompt: str, args: argparse.Namesp
         ("one diagnosis, cache empty:", False),  # the first of a position: the weights' digests known
         ("one diagnosis, cache kept:", False),  # the same position again (another candidate, a fix)
     )
+    done = []
     with tempfile.TemporaryDirectory() as cache_dir, tempfile.TemporaryDirectory() as digest_dir:
         for what, hash_weights in runs:
             # An empty cache for the first two runs; the second run fills it for the third.
@@ -151,25 +148,33 @@ def bench(engine: Any, pin: Any, target: Any, prompt: str, args: argparse.Namesp
             work = timings.work
             with timings.counting():
                 diag_s, diag_peak, d = measured(functools.partial(one, timings))
-            diag_cpu = cpu[-1]
-            print(line(what, diag_s, diag_cpu, diag_peak))
-            spent = [(k, v, timings.cpu_seconds[k]) for k, v in timings.seconds.items()]
-            spent.append(
-                ("other", diag_s - sum(timings.seconds.values()), diag_cpu - sum(timings.cpu_seconds.values()))
-            )
-            for phase, s, c in spent:
-                print(
-                    f"  {phase + ':':28s} {s * 1000:8.1f} ms, cpu {c * 1000:8.1f} ms ({c / base_cpu:5.1f}x plain cpu)"
-                )
-            print(
-                f"  ratio: time {diag_s / base_s:.1f}x, cpu time {diag_cpu / base_cpu:.1f}x, "
-                f"peak memory {diag_peak / base_peak:.2f}x"
-            )
-            for phase, (calls, tokens) in work.items():
-                print(f"  work, {phase + ':':22s} {calls} forwards, {tokens} tokens = {tokens / len(ids):.2f} prefills")
-            total = sum(t for _, t in work.values())
-            print(f"  work, all: {total} tokens = {total / len(ids):.2f} prefills of the {len(ids)}-token context")
-            print(f"  diagnosis: {d.summary}")
+            done.append((what, diag_s, cpu[-1], diag_peak, d, timings, work))
+    after = [measured(plain) for _ in range(5)]
+    samples += after
+    base_s = statistics.median(s for s, _, _ in samples)
+    base_cpu = statistics.median(before_cpu + cpu[-5:])
+    base_peak = max(peak for _, peak, _ in samples[:5])  # before: what the diagnoses left is theirs
+    wide = " (--wide)" if args.wide else ""
+    print(f"model {args.model}{wide}, prompt {prompt}, position {args.position}: context {len(ids)} tokens")
+    print(f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
+    print(line("plain forward (one prefill, median of 10):", base_s, base_cpu, base_peak))
+    medians = (statistics.median(s for s, _, _ in samples[:5]), statistics.median(s for s, _, _ in after))
+    print(f"  the five before the diagnoses {medians[0] * 1000:.1f} ms, the five after {medians[1] * 1000:.1f} ms")
+    for what, diag_s, diag_cpu, diag_peak, d, timings, work in done:
+        print(line(what, diag_s, diag_cpu, diag_peak))
+        spent = [(k, v, timings.cpu_seconds[k]) for k, v in timings.seconds.items()]
+        spent.append(("other", diag_s - sum(timings.seconds.values()), diag_cpu - sum(timings.cpu_seconds.values())))
+        for phase, s, c in spent:
+            print(f"  {phase + ':':28s} {s * 1000:8.1f} ms, cpu {c * 1000:8.1f} ms ({c / base_cpu:5.1f}x plain cpu)")
+        print(
+            f"  ratio: time {diag_s / base_s:.1f}x, cpu time {diag_cpu / base_cpu:.1f}x, "
+            f"peak memory {diag_peak / base_peak:.2f}x"
+        )
+        for phase, (calls, tokens) in work.items():
+            print(f"  work, {phase + ':':22s} {calls} forwards, {tokens} tokens = {tokens / len(ids):.2f} prefills")
+        total = sum(t for _, t in work.values())
+        print(f"  work, all: {total} tokens = {total / len(ids):.2f} prefills of the {len(ids)}-token context")
+        print(f"  diagnosis: {d.summary}")
 
 
 def counted(vocab: int) -> Any:

@@ -306,6 +306,26 @@ def diagnose_engine(engine: Any, target: Target, model_path: str, **options: Unp
     return diagnose_candidate(capturer_for(engine), _describe(engine), target, model_path, lender=engine, **options)
 
 
+@contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Python's cyclic collector kept to the objects made inside: those that exist before (a
+    loaded model's modules, transformers', torch's and numpy's own) are frozen (`gc.freeze`)
+    and given back to it after. A diagnosis makes enough objects to trigger a full collection
+    now and then, and a full collection of a process holding a model scans all of them (0.18
+    s on the Qwen3.6 test checkpoint, 20 of its prefills); its own garbage is still collected.
+    A caller's freeze is left alone."""
+    import gc
+
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def diagnose_candidate(
     candidate: Capturer | NamedActivations,
     described: dict[str, Any],
@@ -332,51 +352,53 @@ def diagnose_candidate(
     tests/workflows/test_diagnose_reference_once.py), while its decode path costs a forward
     per context token. With `cache`, the reference and the honest band are read from gate's
     cache when an earlier diagnosis computed them from the same inputs
-    (gate.workflows.diagnose.cache), and kept there when computed."""
-    from gate.workflows.diagnose import cache as diagnose_cache
+    (gate.workflows.diagnose.cache), and kept there when computed. The objects that exist before
+    it are out of the cyclic collector's sight while it runs (`heap_frozen`)."""
+    with heap_frozen():  # a full collection of a process with a model loaded: 0.18 s
+        from gate.workflows.diagnose import cache as diagnose_cache
 
-    clock = timings or Timings()
-    named = isinstance(candidate, NamedActivations)
-    paths = (target.path,) if named else (target.path, other(target.path))
-    stepped = target.prompt_ids if named else decode_prompt(target, every_step)
-    # lm_head's rows: every position's for named activations (a dump's lm_head has them all);
-    # for an engine's own paths, from the decode path's last prompt position on (its prefill
-    # keeps that row, the prefill path's is the last).
-    logits_from = 0 if named else len(stepped) - 1
-    key, kept = None, None
-    if cache:
-        with clock.phase("cache"):
-            ids = (target.prompt_ids, target.context_ids)
-            key = diagnose_cache.manifest(model_path, honest_dtype, *ids, sorted(paths), stepped, logits_from)
-            kept = diagnose_cache.read(key) if key is not None else None
-    if kept is not None:
-        reference, bands, engines = kept.reference, dict(kept.bands), dict(kept.engines)
-        notes = (*notes, "the reference and the honest band: from gate's cache (the same weights and context)")
-    else:
-        computed = reference_and_band(target, model_path, honest_dtype, paths, stepped, logits_from, clock, lender)
-        reference, bands, engines = computed
-        if engines["honest"].get("weights") == LENT:
-            notes = (
-                *notes,
-                "the honest engine and the reference: on the candidate's loaded weights, "
-                "the checkpoint's bit for bit (not loaded again)",
-            )
-    out = diagnose(
-        target,
-        candidate,
-        lambda p, c, path: as_path(reference, path),
-        lambda p, c, path: bands[path],
-        margin=margin,
-        engines={"candidate": described, **engines},
-        model=model,
-        notes=notes,
-        timings=clock,
-        every_step=every_step,
-    )
-    if kept is None and key is not None:
-        with clock.phase("cache"), suppress(OSError):  # a cache that cannot be written is no cache
-            diagnose_cache.write(key, diagnose_cache.Entry(reference, bands, engines))
-    return out
+        clock = timings or Timings()
+        named = isinstance(candidate, NamedActivations)
+        paths = (target.path,) if named else (target.path, other(target.path))
+        stepped = target.prompt_ids if named else decode_prompt(target, every_step)
+        # lm_head's rows: every position's for named activations (a dump's lm_head has them all);
+        # for an engine's own paths, from the decode path's last prompt position on (its prefill
+        # keeps that row, the prefill path's is the last).
+        logits_from = 0 if named else len(stepped) - 1
+        key, kept = None, None
+        if cache:
+            with clock.phase("cache"):
+                ids = (target.prompt_ids, target.context_ids)
+                key = diagnose_cache.manifest(model_path, honest_dtype, *ids, sorted(paths), stepped, logits_from)
+                kept = diagnose_cache.read(key) if key is not None else None
+        if kept is not None:
+            reference, bands, engines = kept.reference, dict(kept.bands), dict(kept.engines)
+            notes = (*notes, "the reference and the honest band: from gate's cache (the same weights and context)")
+        else:
+            computed = reference_and_band(target, model_path, honest_dtype, paths, stepped, logits_from, clock, lender)
+            reference, bands, engines = computed
+            if engines["honest"].get("weights") == LENT:
+                notes = (
+                    *notes,
+                    "the honest engine and the reference: on the candidate's loaded weights, "
+                    "the checkpoint's bit for bit (not loaded again)",
+                )
+        out = diagnose(
+            target,
+            candidate,
+            lambda p, c, path: as_path(reference, path),
+            lambda p, c, path: bands[path],
+            margin=margin,
+            engines={"candidate": described, **engines},
+            model=model,
+            notes=notes,
+            timings=clock,
+            every_step=every_step,
+        )
+        if kept is None and key is not None:
+            with clock.phase("cache"), suppress(OSError):  # a cache that cannot be written is no cache
+                diagnose_cache.write(key, diagnose_cache.Entry(reference, bands, engines))
+        return out
 
 
 def load_hf(model_path: str, dtype: str, lender: Any = None) -> ReferenceEngine:
