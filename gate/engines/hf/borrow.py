@@ -139,7 +139,8 @@ def _all_stored(model: Any, params: dict[str, torch.Tensor], stored: Stored) -> 
                 spans[f] = (min(lo, a), max(hi, b))
             for f, (lo, hi) in spans.items():  # read once: out of the resident set (the page cache keeps them)
                 start = lo - lo % mmap.PAGESIZE
-                maps[f].madvise(mmap.MADV_DONTNEED, start, hi - start)
+                if hasattr(mmap, "MADV_DONTNEED"):  # not on Windows
+                    maps[f].madvise(mmap.MADV_DONTNEED, start, hi - start)
     finally:
         for mapped in maps.values():
             mapped.close()
