@@ -13,8 +13,9 @@ checked here before the honest engine is built (`lendable`):
 - every floating tensor of the checkpoint is stored in that dtype, and every parameter is in
   it (one transformers keeps in float32 is widened from the stored value: not lent);
 - every parameter, mapped back to the checkpoint's layout by transformers' own reverse
-  conversion (the experts it stacks, the prefixes it renames), is a stored tensor of the same
-  dtype and shape, with the same bytes.
+  conversion (the prefixes it renames; the experts it stacks, as views of their rows where the
+  conversion is its stacking), is a stored tensor of the same dtype and shape, with the same
+  bytes, read through a mapping of the file.
 Anything else (a quantised or patched weight, a missing one transformers would initialise, a
 header that cannot be read) and the honest engine loads the checkpoint itself, as before.
 tests/workflows/test_diagnose_borrowed_weights.py checks both, and the honest engine's
