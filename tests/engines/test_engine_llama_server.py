@@ -18,7 +18,7 @@ from gate.core.engine import Engine, PromptInput
 from gate.engines.http.llama_server import LlamaServerEngine
 from gate.engines.registry import load_engine
 from gate.errors import EngineError, InputError
-from gate.models.default import DEFAULT_MODEL
+from gate.models.default import DEFAULT_MODEL, materialize_default
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,6 +34,10 @@ CODE = (2017, 6772, 347, 2333)
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaServerEngine]:
+    # The default model built first (any earlier `gate run` builds it): the engine reads the
+    # GGUF the pin's weights were dequantised from in its manifest. On a fresh machine no
+    # earlier test need have built it.
+    materialize_default()
     eng = load_engine("llama-server", DEFAULT_MODEL, {"threads": "1"})
     assert isinstance(eng, LlamaServerEngine)
     try:

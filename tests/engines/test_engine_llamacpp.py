@@ -221,8 +221,11 @@ def test_faults_through_gate_run_are_one_line(
 @pytest.fixture(scope="module")
 def default_q4() -> Iterator[LlamaCppEngine]:
     pytest.importorskip("transformers")
-    from gate.models.default import DEFAULT_MODEL
+    from gate.models.default import DEFAULT_MODEL, materialize_default
 
+    # Built first: the engine reads the GGUF the pin's weights came from in its manifest
+    # (on a fresh machine no earlier test need have built it).
+    materialize_default()
     engine = LlamaCppEngine(DEFAULT_MODEL)
     yield engine
     engine.close()
