@@ -22,7 +22,7 @@ def main() -> None:
     from gate.core.pins.pin import load_pin
     from gate.models.default import DEFAULT_MODEL, resolve_model_path
     from gate.workflows.diagnose.core import Timings, as_path, decode_prompt, reference_and_band, target_given
-    from gate.workflows.diagnose.variants import HONEST_VARIANTS, capture_in_subprocess
+    from gate.workflows.diagnose.variants import capture_in_subprocess, runnable_variants
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--position", type=int, default=16)
@@ -38,7 +38,7 @@ def main() -> None:
         # The reference and band exactly as `gate diagnose` makes them for an engine's own paths.
         stepped = decode_prompt(t)
         ref, bands, _ = reference_and_band(t, path, "bfloat16", paths, stepped, len(stepped) - 1, Timings())
-        for name, (env, opts) in HONEST_VARIANTS.items():
+        for name, (env, opts) in runnable_variants().items():
             got = capture_in_subprocess(path, opts, env, stepped, t.context_ids, paths)
             for p, cand in got.items():
                 f = compare_path(as_path(ref, p), bands[p], cand)

@@ -145,16 +145,17 @@ def test_honest_engines_under_every_forceable_isa_path_are_located_nowhere(llama
     """Each kernel-path variant in its own process (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA
     are read when torch loads), against this process's reference and band: the margin's
     premise. The variants of engine options (threads, eager attention) are the in-process
-    test's; a path this process already runs (its own ATen capability) needs no second one."""
+    test's; a path this process already runs (its own ATen capability) needs no second one,
+    and a path this CPU lacks (AVX-512 on an AVX2-only machine) cannot run."""
     import torch
 
     from gate.core.diagnosis.locate import compare_path
     from gate.engines.hf.capture import capture_hf
-    from gate.workflows.diagnose.variants import HONEST_VARIANTS, capture_in_subprocess
+    from gate.workflows.diagnose.variants import capture_in_subprocess, runnable_variants
 
     path, ref, hon = llama
     native = torch.backends.cpu.get_cpu_capability().lower()
-    paths = {n: v for n, v in HONEST_VARIANTS.items() if v[0] and v[0].get("ATEN_CPU_CAPABILITY") != native}
+    paths = {n: v for n, v in runnable_variants().items() if v[0] and v[0].get("ATEN_CPU_CAPABILITY") != native}
     assert len(paths) >= 2, paths  # at least the portable default and one more path is forced
     worst = {}
     for name, (env, opts) in paths.items():
@@ -164,3 +165,23 @@ def test_honest_engines_under_every_forceable_isa_path_are_located_nowhere(llama
             assert f.first is None, (name, p, f.first)
             worst[name, p] = max(e.ratio for e in f.layers)
     assert all(r < 4.0 for r in worst.values()), worst
+
+
+@pytest.mark.parametrize(
+    ("avx2", "avx512", "expected"),
+    [(True, True, {"aten-default", "aten-avx2", "aten-avx512"}), (True, False, {"aten-default", "aten-avx2"})],
+)
+def test_a_variant_forcing_instructions_the_cpu_lacks_is_not_run(
+    monkeypatch: pytest.MonkeyPatch, avx2: bool, avx512: bool, expected: set[str]
+) -> None:
+    """torch forced to AVX-512 kernels on an AVX2-only CPU dies of SIGILL: such a variant is
+    left out, every other (the oneDNN ceilings, threads, eager attention) stays."""
+    import torch
+
+    from gate.workflows.diagnose.variants import HONEST_VARIANTS, runnable_variants
+
+    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: avx2)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
+    names = set(runnable_variants())
+    assert {n for n in names if n.startswith("aten-")} == expected
+    assert {n for n in HONEST_VARIANTS if not n.startswith("aten-")} <= names

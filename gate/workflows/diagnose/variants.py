@@ -32,6 +32,36 @@ HONEST_VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
     "eager-attention": ({}, {"attn_implementation": "eager"}),
 }
 
+# ATen's CPU capabilities, each needing the instructions of those before it.
+ATEN_CAPABILITIES = ("default", "avx2", "avx512")
+
+
+def supported_aten_capabilities() -> tuple[str, ...]:
+    """The ATen capabilities this CPU can run: torch forced to one the CPU lacks dies of an
+    illegal instruction (SIGILL) at its first kernel, so a variant is only run where its
+    instructions are there."""
+    import torch
+
+    cpu = torch.cpu
+    checks = {"avx2": getattr(cpu, "_is_avx2_supported", None), "avx512": getattr(cpu, "_is_avx512_supported", None)}
+    if all(callable(f) for f in checks.values()):
+        return ("default", *(name for name in ATEN_CAPABILITIES[1:] if checks[name]()))  # type: ignore[misc]
+    # No probe in this torch: the capability it chose itself is the highest the CPU has.
+    native = torch.backends.cpu.get_cpu_capability().lower()
+    return ATEN_CAPABILITIES[: ATEN_CAPABILITIES.index(native) + 1] if native in ATEN_CAPABILITIES else ("default",)
+
+
+def runnable_variants() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """`HONEST_VARIANTS` less those forcing an ATen capability this CPU lacks (an AVX2-only
+    machine runs no `aten-avx512`). `ONEDNN_MAX_CPU_ISA` is a ceiling: oneDNN never goes
+    above what the CPU has, so its variants run everywhere."""
+    supported = supported_aten_capabilities()
+    return {
+        name: (env, opts)
+        for name, (env, opts) in HONEST_VARIANTS.items()
+        if env.get("ATEN_CPU_CAPABILITY", "default") in supported
+    }
+
 
 def capture_in_subprocess(
     model_path: str,
