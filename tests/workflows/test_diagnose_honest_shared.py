@@ -3,7 +3,7 @@ the decode path's rows before its steps are the prefill's, its steps run through
 prefill's KV cache cropped to the decode path's prompt. It must hold what the engine's own
 decode path holds (the same points, the same positions: lm_head only at the prefill's last
 row and at each step), with values within honest rounding of it, at one forward fewer; a
-cache that cannot be cropped exactly gets the decode path's own prefill."""
+model with recurrent layers prefills the decode path's prompt, not the context."""
 
 from __future__ import annotations
 
@@ -72,22 +72,51 @@ def test_the_shared_paths_hold_what_the_engines_own_paths_hold(
     assert shared[DECODE].path == DECODE and shared[DECODE].context_length == len(CONTEXT)
 
 
-def test_a_cache_that_cannot_be_cropped_gets_the_decode_paths_own_prefill(tiny_models_dir: Path, threads: None) -> None:
-    """Gated DeltaNet layers keep a recurrent state, not one row per position: cropping it
-    would not give the state after the decode path's prompt."""
+def forward_lengths(eng: Any) -> list[int]:
+    """Each model forward's token count, into the returned list."""
+    lengths: list[int] = []
+
+    def hook(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        lengths.append(int(kwargs["input_ids"].shape[1]))
+
+    eng.model.register_forward_pre_hook(hook, with_kwargs=True)
+    return lengths
+
+
+@pytest.mark.parametrize("before", [len(CONTEXT) - 1, len(PROMPT), len(CONTEXT)])
+def test_a_recurrent_model_prefills_the_decode_paths_prompt_once_and_chunks_the_rest(
+    tiny_models_dir: Path, threads: None, before: int
+) -> None:
+    """Gated DeltaNet layers keep a recurrent state, not one row per position: no crop of a
+    prefill over the context gives the state after the decode path's prompt. So the one
+    prefill is the decode path's own (bit for bit, its steps through its cache), and the
+    prefill path's rows after it come from a chunked forward through a copy of that cache:
+    within honest rounding of the engine's own prefill over the context, at the same points
+    and positions. A lone rest token goes with a copy of itself (a one-token forward through
+    a cache takes the decode kernels), whose rows are not kept."""
     from helpers.tiny_models import build_tiny_qwen3_5_moe
 
     from gate.engines.hf.capture import capture_hf, capture_hf_shared
 
     folder = build_tiny_qwen3_5_moe(tiny_models_dir / "shared-qwen35", seed=5)
     eng = engine(folder, "bfloat16")
-    decode_ids = CONTEXT[:-1]
-    calls = forwards(eng)
-    shared = capture_hf_shared(eng, decode_ids, CONTEXT)
-    assert len(calls) == 3  # the prefill over the context, the decode path's own prefill, its step
-    own = capture_hf(eng, decode_ids, CONTEXT, DECODE)
-    for a, b in zip(shared[DECODE].tensors, own.tensors, strict=True):
+    decode_ids = CONTEXT[:before]
+    lengths = forward_lengths(eng)
+    shared = capture_hf_shared(eng, decode_ids, CONTEXT, logits_from=before - 1)
+    rest = len(CONTEXT) - before
+    chunked = [] if rest == 0 else [max(rest, 2)]
+    assert lengths == [before, *chunked, *[1] * rest]  # no prefill over the whole context
+    own_decode = capture_hf(eng, decode_ids, CONTEXT, DECODE)
+    for a, b in zip(shared[DECODE].tensors, own_decode.tensors, strict=True):
         assert a.point == b.point and a.positions == b.positions and (a.values == b.values).all()
+    own_prefill = capture_hf(eng, PROMPT, CONTEXT, PREFILL, logits_from=before - 1)
+    assert [t.point for t in shared[PREFILL].tensors] == [t.point for t in own_prefill.tensors]
+    for a, b in zip(shared[PREFILL].tensors, own_prefill.tensors, strict=True):
+        assert a.positions == b.positions, a.point.module
+        first = before - 1 if a.point.part == LM_HEAD else 0
+        assert a.positions == tuple(range(first, len(CONTEXT))), a.point.module
+        assert relative_errors(b.values, a.values).max() <= 2.0**-5, a.point.module
+    assert shared[PREFILL].path == PREFILL and shared[PREFILL].context_length == len(CONTEXT)
 
 
 def test_the_decode_paths_prompt_must_begin_the_context(tiny_models_dir: Path, threads: None) -> None:

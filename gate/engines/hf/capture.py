@@ -16,6 +16,7 @@ rows than its forward's tokens (lm_head under `logits_to_keep=1`) holds the last
 from __future__ import annotations
 
 import bisect
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ from gate.core.diagnosis.capture import (
 )
 from gate.engines.hf.layers import decoder_layers
 from gate.engines.hf.routing import find_routers
-from gate.engines.hf.schedules import croppable
+from gate.engines.hf.schedules import croppable, has_recurrent_layers
 from gate.engines.hf.subparts import SubParts
 from gate.errors import InputError
 
@@ -209,14 +210,21 @@ def capture_hf_shared(
     cropped to `decode_prompt_ids`. Causal
     attention makes those rows the same computation as a prefill over `decode_prompt_ids`
     alone, up to the rounding of a matrix product of other rows: both are honest arithmetic,
-    which is all a band needs. A cache that cannot be cropped exactly (sliding-window or
-    linear-attention layers) gets the decode path's own prefill instead (`capture_hf`)."""
+    which is all a band needs. A model with recurrent layers (Gated DeltaNet: a state no crop
+    puts back) goes the other way round (`_shared_recurrent`); any other cache that cannot be
+    cropped exactly (sliding-window layers) gets the decode path's own prefill (`capture_hf`)."""
     k = len(decode_prompt_ids)
     if list(context_ids[:k]) != list(decode_prompt_ids) or not 0 < k <= len(context_ids):
         raise InputError("the context must start with the decode path's (non-empty) prompt")
     if not 0 <= logits_from < k:
         raise InputError(f"logits_from {logits_from}: the decode path's prompt ends at position {k - 1}")
     hooks = CaptureHooks(_begin_prompt(engine, decode_prompt_ids))
+    if has_recurrent_layers(engine.model.config):
+        try:
+            with torch.inference_mode(), hooks.watching():
+                return _shared_recurrent(engine, hooks, k, context_ids, logits_from)
+        finally:
+            hooks.remove()
     try:
         with torch.inference_mode(), hooks.watching():
             hooks.begin(0, len(context_ids))
@@ -241,19 +249,71 @@ def capture_hf_shared(
                 _, cache = engine._decode(int(context_ids[i]), cache)
     finally:
         hooks.remove()
-    stepped = hooks.take(DECODE, len(context_ids)).by_module()
+    stepped = hooks.take(DECODE, len(context_ids))
+    decode = _joined(DECODE, full, stepped, k, len(context_ids))
+    return {PREFILL: _with_meta(engine, full), DECODE: _with_meta(engine, decode)}
+
+
+def _shared_recurrent(
+    engine: Any, hooks: CaptureHooks, k: int, context_ids: Sequence[int], logits_from: int
+) -> dict[str, Capture]:
+    """`capture_hf_shared` on a model with recurrent layers, from one prefill over the decode
+    path's prompt (its first `k` context tokens; lm_head's rows from `logits_from`): that
+    prefill is the decode path's own, and its rows stand for the prefill path's before `k`
+    (causal, as in the cropped case). The cache after it is copied: the decode path's steps
+    run through the cache, the prefill path's rows from `k` on come from one forward over the
+    rest of the context through the copy, a chunked prefill (the chunked delta rule from the
+    prompt's state, the conv over its window). A one-token forward through a cache takes the
+    decode kernels (transformers' Gated DeltaNet), so a lone rest token gets a second one
+    after it, a copy of it, whose rows are dropped: causal, they change none before them. One
+    prefill-sized forward where the fallback (`capture_hf` after a prefill over the context)
+    makes two."""
+    n = len(context_ids)
+    ids = torch.tensor([list(context_ids[:k])], dtype=torch.long, device=engine.device)
+    hooks.begin(0, k)
+    engine._seq = 0
+    out = engine._forward(ids, input_ids=ids, use_cache=True, logits_to_keep=_keep(logits_from, k))
+    cache = out.past_key_values
+    del out
+    before = hooks.take(PREFILL, n)
+    if k == n:
+        return {PREFILL: _with_meta(engine, before), DECODE: _with_meta(engine, _joined(DECODE, before, None, k, n))}
+    rest = [int(t) for t in context_ids[k:]]
+    padded = rest + rest[-1:] if len(rest) == 1 else rest
+    ids = torch.tensor([padded], dtype=torch.long, device=engine.device)
+    hooks.begin(k, len(padded))
+    engine._seq = k
+    engine._forward(ids, input_ids=ids, past_key_values=copy.deepcopy(cache), use_cache=True, logits_to_keep=0)
+    chunked = hooks.take(PREFILL, n)
+    engine._seq = k
+    for i in range(k, n):
+        hooks.begin(i, 1)
+        _, cache = engine._decode(int(context_ids[i]), cache)
+    stepped = hooks.take(DECODE, n)
+    prefill = _joined(PREFILL, before, chunked, k, n, first_logits=logits_from)
+    return {PREFILL: _with_meta(engine, prefill), DECODE: _with_meta(engine, _joined(DECODE, before, stepped, k, n))}
+
+
+def _joined(
+    path: str, head: Capture, tail: Capture | None, k: int, n: int, *, first_logits: int | None = None
+) -> Capture:
+    """`path`'s capture: `head`'s rows before position `k` (lm_head's from `first_logits`,
+    else from k - 1: the last prompt row, which the engine's own prefill keeps), then
+    `tail`'s rows of the same module before position `n`, in `head`'s order of points."""
+    after = tail.by_module() if tail is not None else {}
     tensors = []
-    for t in full.tensors:
-        first = k - 1 if t.point.part == LM_HEAD else 0
-        # The prefill's rows are its positions in order, from 0 (lm_head's from `logits_from`).
+    for t in head.tensors:
+        first = (k - 1 if first_logits is None else first_logits) if t.point.part == LM_HEAD else 0
+        # A capture's rows are its positions in order.
         lo, hi = bisect.bisect_left(t.positions, first), bisect.bisect_left(t.positions, k)
         positions, values = t.positions[lo:hi], t.values[lo:hi]
-        after = stepped.get(t.point.module)
-        if after is not None:
-            positions, values = positions + after.positions, np.concatenate([values, after.values], axis=0)
+        more = after.get(t.point.module)
+        if more is not None:
+            end = bisect.bisect_left(more.positions, n)
+            positions = positions + more.positions[:end]
+            values = np.concatenate([values, more.values[:end]], axis=0)
         tensors.append(Tensor(t.point, positions, values))
-    decode = Capture(DECODE, len(context_ids), tuple(tensors))
-    return {PREFILL: _with_meta(engine, full), DECODE: _with_meta(engine, decode)}
+    return Capture(path, n, tuple(tensors))
 
 
 def _begin_prompt(engine: Any, prompt_ids: Sequence[int]) -> Any:

@@ -36,7 +36,8 @@ from gate.core.calibration.selftest import (
 from gate.core.engine import Engine
 from gate.engines.hf.engine import HFEngine
 from gate.engines.hf.layers import decoder_layers
-from gate.engines.hf.stale_state import StaleRecurrentStateHFEngine, has_recurrent_layers
+from gate.engines.hf.schedules import has_recurrent_layers
+from gate.engines.hf.stale_state import StaleRecurrentStateHFEngine
 from gate.errors import InputError
 
 SEVERAL_STEPS = 4

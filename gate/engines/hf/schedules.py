@@ -272,6 +272,17 @@ class PrefixCache:
         engine._rows, engine._tops = list(rows[:n]), list(tops[:n])
 
 
+RECURRENT_LAYER_TYPES = ("linear_attention",)
+
+
+def has_recurrent_layers(config: Any) -> bool:
+    """Whether a transformers config (a multimodal one through its `text_config`) declares
+    layers with recurrent state (`layer_types` naming a linear-attention layer)."""
+    text = getattr(config, "text_config", None) or config
+    types = getattr(text, "layer_types", None) or ()
+    return any(str(t) in RECURRENT_LAYER_TYPES for t in types)
+
+
 def croppable(cache: Any) -> bool:
     """A cache whose every layer is a full-attention DynamicLayer: cropping it leaves exactly
     the keys and values of the positions kept. A recurrent layer (transformers'

@@ -8,8 +8,8 @@ is emptied, so positions are right and only the carried-over state is wrong: the
 server that reuses a slot without resetting its recurrent memory.
 
 It is honest on its first request, and on a model without recurrent layers (every layer is a
-full-attention `DynamicLayer`, emptied each time): `has_recurrent_layers` says which. `gate
-selftest` plants it where the model has such layers (`stale-recurrent-state`), and
+full-attention `DynamicLayer`, emptied each time): `schedules.has_recurrent_layers` says
+which. `gate selftest` plants it where the model has such layers (`stale-recurrent-state`), and
 `gate invariance --engine gate.engines.hf.stale_state:StaleRecurrentStateHFEngine` must find
 its repeat and shuffle cells varying (tests/workflows/test_invariance_hybrid.py).
 """
@@ -22,16 +22,6 @@ from typing import Any
 import torch
 
 from gate.engines.hf.engine import HFEngine
-
-RECURRENT_LAYER_TYPES = ("linear_attention",)
-
-
-def has_recurrent_layers(config: Any) -> bool:
-    """Whether a transformers config (a multimodal one through its `text_config`) declares
-    layers with recurrent state (`layer_types` naming a linear-attention layer)."""
-    text = getattr(config, "text_config", None) or config
-    types = getattr(text, "layer_types", None) or ()
-    return any(str(t) in RECURRENT_LAYER_TYPES for t in types)
 
 
 class StaleRecurrentStateHFEngine(HFEngine):
