@@ -108,9 +108,18 @@ def _run(*args: str) -> dict[str, Any]:
     return report
 
 
-def test_the_reference_implementation_passes_its_own_pin_bit_for_bit() -> None:
+def test_the_reference_implementation_passes_its_own_pin_bit_for_bit_on_its_machine_else_by_the_doctrine() -> None:
+    """The pin's engine (transformers bf16, one thread) on the pin's kernel path passes it
+    strictly; on another (an AVX2-only AMD EPYC beside the AMX Xeon that recorded it: other
+    bf16 matmul kernels) its moves are near ties, ratified, and none a defect."""
     report = _run("--engine", "hf", "--engine-opt", "threads=1")
-    assert report["verdict"] == "strict_pass"
+    machine = report["machine"]
+    assert machine["pin"] == "cpu:AVX512+amx", machine
+    if machine["same"] is True:
+        assert report["verdict"] == "strict_pass", report["summary"]
+    else:
+        assert report["verdict"] in ("strict_pass", "ratified_pass"), report["summary"]
+        assert report["counts"]["defects"] == 0, report["counts"]
 
 
 @pytest.mark.parametrize(
