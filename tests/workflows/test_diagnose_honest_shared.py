@@ -34,11 +34,15 @@ def engine(folder: Path, dtype: str) -> Any:
     return HFEngine(str(folder), tokenizer=False, dtype=dtype)
 
 
-def forwards(eng: Any) -> list[int]:
-    """Counts the model's forwards (as many as its calls) into the returned list."""
-    calls: list[int] = []
-    eng.model.register_forward_pre_hook(lambda *_: calls.append(1))
-    return calls
+def forward_lengths(eng: Any) -> list[int]:
+    """Each model forward's token count, into the returned list."""
+    lengths: list[int] = []
+
+    def hook(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        lengths.append(int(kwargs["input_ids"].shape[1]))
+
+    eng.model.register_forward_pre_hook(hook, with_kwargs=True)
+    return lengths
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -53,9 +57,9 @@ def test_the_shared_paths_hold_what_the_engines_own_paths_hold(
     folder = build_tiny_llama(tiny_models_dir / "shared-llama", seed=5, lm_head_scale=20.0)
     eng = engine(folder, dtype)
     decode_ids = CONTEXT[:before]
-    calls = forwards(eng)
+    lengths = forward_lengths(eng)
     shared = capture_hf_shared(eng, decode_ids, CONTEXT)
-    assert len(calls) == 1 + len(CONTEXT) - before  # one prefill, then the steps: no second prefill
+    assert len(lengths) == 1 + len(CONTEXT) - before  # one prefill, then the steps: no second prefill
     own = {
         PREFILL: capture_hf(eng, PROMPT, CONTEXT, PREFILL, logits_from=0),
         DECODE: capture_hf(eng, decode_ids, CONTEXT, DECODE),
@@ -70,17 +74,6 @@ def test_the_shared_paths_hold_what_the_engines_own_paths_hold(
         if a.point.part == LM_HEAD:
             assert a.positions == tuple(range(before - 1, len(CONTEXT)))
     assert shared[DECODE].path == DECODE and shared[DECODE].context_length == len(CONTEXT)
-
-
-def forward_lengths(eng: Any) -> list[int]:
-    """Each model forward's token count, into the returned list."""
-    lengths: list[int] = []
-
-    def hook(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
-        lengths.append(int(kwargs["input_ids"].shape[1]))
-
-    eng.model.register_forward_pre_hook(hook, with_kwargs=True)
-    return lengths
 
 
 @pytest.mark.parametrize("before", [len(CONTEXT) - 1, len(PROMPT), len(CONTEXT)])

@@ -42,10 +42,9 @@ def supported_aten_capabilities() -> tuple[str, ...]:
     instructions are there."""
     import torch
 
-    cpu = torch.cpu
-    checks = {"avx2": getattr(cpu, "_is_avx2_supported", None), "avx512": getattr(cpu, "_is_avx512_supported", None)}
-    if all(callable(f) for f in checks.values()):
-        return ("default", *(name for name in ATEN_CAPABILITIES[1:] if checks[name]()))  # type: ignore[misc]
+    avx2, avx512 = (getattr(torch.cpu, f"_is_{name}_supported", None) for name in ATEN_CAPABILITIES[1:])
+    if callable(avx2) and callable(avx512):
+        return ("default", *(name for name, has in (("avx2", avx2), ("avx512", avx512)) if has()))
     # No probe in this torch: the capability it chose itself is the highest the CPU has.
     native = torch.backends.cpu.get_cpu_capability().lower()
     return ATEN_CAPABILITIES[: ATEN_CAPABILITIES.index(native) + 1] if native in ATEN_CAPABILITIES else ("default",)
