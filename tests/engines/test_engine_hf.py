@@ -292,10 +292,12 @@ def test_qwen3_5_moe_gated_against_itself(qwen3_5: HFEngine, qwen3_5_moe_path: P
     assert compare(o, trace("candidate", oracle), Doctrine()).verdict == "strict_pass"
 
 
-def test_the_conv_reads_function_mode_is_entered_only_inside_a_deltanet(qwen3_5: HFEngine) -> None:
-    """The conv1d read watches torch calls through a function mode (every call through
-    Python): it is active inside each DeltaNet's forward only, still reads the conv on both
-    paths, and a forward that raises inside a DeltaNet leaves no mode behind."""
+def test_the_conv_read_stands_in_for_split_only_from_a_deltanets_start_to_its_split(qwen3_5: HFEngine) -> None:
+    """The conv1d read stands in for torch.split and Tensor.split from each DeltaNet's forward's
+    start until the split of its conv output: the gated delta rule after it (read at the
+    norm's input) and everything outside the DeltaNets (lm_head) run with torch's own, no
+    function mode is entered, the conv is still read on both paths, and a forward that
+    raises inside a DeltaNet leaves torch's own behind."""
     from torch.overrides import _get_current_function_mode_stack
 
     from gate.core.diagnosis.capture import LA_CONV
@@ -303,19 +305,34 @@ def test_the_conv_reads_function_mode_is_entered_only_inside_a_deltanet(qwen3_5:
 
     model = qwen3_5.model
     assert model is not None
-    modes: list[int] = []
-    outside = model.get_output_embeddings().register_forward_pre_hook(
-        lambda m, a: modes.append(len(_get_current_function_mode_stack()))
-    )
+    own = (torch.split, torch.Tensor.split)
+    seen: dict[str, list[bool]] = {"lm_head": [], "norm": [], "in_proj_z": [], "modes": []}
+
+    def looked(where: str) -> Any:
+        def hook(*args: Any) -> None:
+            seen[where].append((torch.split, torch.Tensor.split) == own)
+            seen["modes"].append(len(_get_current_function_mode_stack()) == 0)
+
+        return hook
+
+    deltanet = next(m for m in model.modules() if hasattr(m, "conv_dim") and hasattr(m, "in_proj_z"))
+    handles = [
+        model.get_output_embeddings().register_forward_pre_hook(looked("lm_head")),
+        deltanet.norm.register_forward_pre_hook(looked("norm")),
+        deltanet.in_proj_z.register_forward_hook(looked("in_proj_z")),
+    ]
     ids = list(range(5, 13))
     try:
         for path in ("prefill", "decode"):
             cap = capture_hf(qwen3_5, ids[:6], ids, path)
             assert any(t.point.part == LA_CONV for t in cap.tensors), path
     finally:
-        outside.remove()
-    assert modes and set(modes) == {0}, modes  # lm_head runs outside every DeltaNet: no mode
-    deltanet = next(m for m in model.modules() if hasattr(m, "conv_dim") and hasattr(m, "in_proj_z"))
+        for h in handles:
+            h.remove()
+    assert seen["lm_head"] and set(seen["lm_head"]) == {True}, seen  # outside every DeltaNet: torch's own
+    assert seen["norm"] and set(seen["norm"]) == {True}, seen  # after the split: torch's own
+    assert seen["in_proj_z"] and set(seen["in_proj_z"]) == {False}, seen  # before it: the stand-ins
+    assert set(seen["modes"]) == {True}
 
     def boom(module: Any, args: Any, out: Any) -> None:
         raise RuntimeError("planted")
@@ -326,7 +343,7 @@ def test_the_conv_reads_function_mode_is_entered_only_inside_a_deltanet(qwen3_5:
             capture_hf(qwen3_5, ids, ids, "prefill")
     finally:
         failing.remove()
-    assert len(_get_current_function_mode_stack()) == 0
+    assert (torch.split, torch.Tensor.split) == own
 
 
 def test_its_capabilities_are_the_contracts_protocols(llama: HFEngine) -> None:

@@ -14,8 +14,8 @@
   what the shared expert adds to the block (the block's output minus the routed experts':
   a dropped or wrong gate shows there, whatever the block's forward calls).
 
-Each read is a hook on the module (or, for the conv, a function-mode watch on the split
-during the DeltaNet's forward) that calls `emit(index, tensor)` with the tensor's rows, one
+Each read is a hook on the module (or, for the conv, a watch on the split during the
+DeltaNet's forward) that calls `emit(index, tensor)` with the tensor's rows, one
 per token of the forward; a dense model has none of these parts and gets none of these reads.
 """
 
@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from gate.core.diagnosis.capture import (
     ATT_CORE,
@@ -46,41 +45,45 @@ from gate.core.diagnosis.capture import (
 Emit = Callable[[int, torch.Tensor], None]
 
 
-class SplitWatch(TorchFunctionMode):
+class SplitWatch:
     """Hands the first tensor split along a watched width to its callback: the DeltaNet's
-    conv output, split into q, k and v right after the conv in both of its paths. Active
-    only during a DeltaNet's forward (`start`, `stop`): a function mode sends every torch
-    call through Python, which around the whole model cost the capture a tenth of its time."""
+    conv output, split into q, k and v right after the conv in both of its paths. It stands
+    in for `torch.split` and `Tensor.split` from the DeltaNet's forward's start (`start`)
+    until that split or the forward's end (`stop`), so that only split calls pass through
+    Python: a function mode over the forward sent every torch call of the gated delta rule
+    through Python (a sixth of a tiny model's capture of both paths)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.watch: tuple[int, Callable[[torch.Tensor], None]] | None = None
-        self.active = False
+        self.saved: tuple[Any, Any] | None = None
 
     def start(self, width: int, found: Callable[[torch.Tensor], None]) -> None:
         self.stop()
         self.watch = (width, found)
-        self.__enter__()
-        self.active = True
+        function, method = self.saved = (torch.split, torch.Tensor.split)
+
+        def split(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            self._seen(tensor)
+            return function(tensor, *args, **kwargs)
+
+        def split_method(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            self._seen(tensor)
+            return method(tensor, *args, **kwargs)
+
+        torch.split = split
+        torch.Tensor.split = split_method  # type: ignore[method-assign,assignment]
+
+    def _seen(self, tensor: Any) -> None:
+        watch = self.watch
+        if watch is not None and isinstance(tensor, torch.Tensor) and tensor.shape[-1] == watch[0]:
+            self.stop()
+            watch[1](tensor)
 
     def stop(self) -> None:
         self.watch = None
-        if self.active:
-            self.active = False
-            self.__exit__(None, None, None)
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        watch = self.watch
-        if (
-            watch is not None
-            and func in (torch.split, torch.Tensor.split)
-            and args
-            and isinstance(args[0], torch.Tensor)
-            and args[0].shape[-1] == watch[0]
-        ):
-            self.watch = None
-            watch[1](args[0])
-        return func(*args, **(kwargs or {}))
+        if self.saved is not None:
+            torch.split, torch.Tensor.split = self.saved  # type: ignore[method-assign]
+            self.saved = None
 
 
 def _removed(index: int, value: torch.Tensor) -> None:
@@ -103,8 +106,8 @@ class SubParts:
 
     @contextmanager
     def watching(self) -> Iterator[None]:
-        """Around the forwards: the conv reads' function mode, entered by each DeltaNet's
-        forward, never outlives them (a forward that raised leaves it entered)."""
+        """Around the forwards: the conv reads' stand-ins for the split, set by each DeltaNet's
+        forward, never outlive them (a forward that raised leaves them set)."""
         try:
             yield
         finally:
