@@ -202,6 +202,41 @@ def test_a_logprob_moving_by_one_ulp_is_a_move() -> None:
     assert diff_pins(old, new).moved[0].logprob_positions == (0,)
 
 
+def test_a_pin_whose_reference_or_raw_logits_moved_is_not_bit_for_bit() -> None:
+    """The oracle's tokens and logprobs equal, its float32 reference's lists (or its raw
+    logits) moved by one ulp: the re-recorded pin is not the old one bit for bit (seen: vLLM's
+    numbers unchanged on an AVX2-only CPU, transformers' float32 reference moved), and the
+    diff names the field that moved, at its positions."""
+    import math
+    from dataclasses import replace
+
+    lp = -0.5
+    tops = {"a": [[[5, lp], [6, -2.0]], [[7, -0.5], [8, -1.0]]], "b": [[[1, -0.1], [2, -3.0]]]}
+    base = _oracle(tops)
+
+    def with_extra(trace: Trace, pid: str, token_logits: list[float], **extra: object) -> Trace:
+        recs = tuple(replace(r, token_logits=token_logits, extra=extra) if r.id == pid else r for r in trace.records)
+        return replace(trace, records=recs)
+
+    ref = [[[5, lp], [6, -2.0]], [[7, -0.5], [8, -1.0]]]
+    old = with_extra(base, "a", [3.0, 2.5], reference_top_logprobs=ref)
+    moved_ref = [ref[0], [[7, math.nextafter(-0.5, 0.0)], [8, -1.0]]]
+    logits, moved_logits = [3.0, 2.5], [math.nextafter(3.0, 4.0), 2.5]
+    for new, field, positions in (
+        (with_extra(base, "a", logits, reference_top_logprobs=moved_ref), "reference_top_logprobs", "1"),
+        (with_extra(base, "a", moved_logits, reference_top_logprobs=ref), "token_logits", "0"),
+        (with_extra(base, "a", logits), "reference_top_logprobs", "0, 1"),
+    ):
+        d = diff_pins(old, new)
+        assert not d.unchanged, field
+        (move,) = d.moved
+        assert move.id == "a" and move.first_token_change is None and move.logprob_positions == ()
+        text = "\n".join(d.lines())
+        assert "bit for bit" not in text
+        assert f"a: {field} moved at positions {positions}" in text, text
+    assert diff_pins(old, old).unchanged
+
+
 def test_exact_top2_ties_are_bitwise() -> None:
     t = _oracle({"a": [[[7, -0.5], [8, -0.5]], [[7, -0.5], [8, -0.5000001]]]})
     (tie,) = exact_top2_ties(t)

@@ -46,6 +46,9 @@ class PromptMove:
     token_positions: tuple[int, ...] = ()
     logprob_positions: tuple[int, ...] = ()
     length: tuple[int, int] = (0, 0)
+    # The record's other fields that moved (the float32 reference's lists, raw logits,
+    # routing), each with the positions where it did (none: not a per-position list).
+    fields: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ class PinDiff:
                 parts.append(f"length {m.length[0]} -> {m.length[1]}")
             if m.logprob_positions:
                 parts.append(f"logprobs moved at positions {_positions(m.logprob_positions)}")
+            for name, at in m.fields:
+                parts.append(f"{name} moved" + (f" at positions {_positions(at)}" if at else ""))
             out.append(f"  {m.id}: " + "; ".join(parts))
         return out
 
@@ -90,7 +95,8 @@ def _positions(ps: Sequence[int]) -> str:
 
 
 def diff_pins(old: Trace, new: Trace) -> PinDiff:
-    """Which prompts and positions moved from `old` to `new`: token ids, or any logprob (bitwise)."""
+    """Which prompts and positions moved from `old` to `new`: token ids, any logprob, or any
+    other field of a record (the float32 reference's lists, raw logits, routing), bitwise."""
     old_by, new_by = old.by_id(), new.by_id()
     added = tuple(i for i in new_by if i not in old_by)
     removed = tuple(i for i in old_by if i not in new_by)
@@ -111,8 +117,9 @@ def diff_pins(old: Trace, new: Trace) -> PinDiff:
             token_positions=tokens,
             logprob_positions=lps,
             length=(len(o.token_ids), len(n.token_ids)),
+            fields=_fields_moved(o.to_dict(), n.to_dict()),
         )
-        if move.prompt_changed or first is not None or lps:
+        if move.prompt_changed or first is not None or lps or move.fields:
             moved.append(move)
     return PinDiff(added=added, removed=removed, moved=tuple(moved), prompts=len(new_by))
 
@@ -152,6 +159,27 @@ def rerecord_lines(old: Trace, new: Trace, doctrine: Doctrine, diff: PinDiff | N
         f"the new pin as a candidate of the old one, by the doctrine's token rules ({result.verdict}): {result.summary}"
     )
     return out
+
+
+_COMPARED = frozenset({"id", "prompt_token_ids", "token_ids", "top_logprobs"})
+
+
+def _fields_moved(old: dict[str, Any], new: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The fields beyond tokens and logprobs whose values differ, in the old record's order
+    (then the new one's), each with the positions of a per-position list where it moved
+    (a missing list moved at every position of the other)."""
+    out = []
+    for name in dict.fromkeys([*old, *new]):
+        a, b = old.get(name), new.get(name)
+        if name in _COMPARED or a == b:
+            continue
+        if isinstance(a, list | None) and isinstance(b, list | None) and (a or b):
+            xs, ys = a or [], b or []
+            at = [i for i in range(min(len(xs), len(ys))) if xs[i] != ys[i]]
+            out.append((name, (*at, *range(min(len(xs), len(ys)), max(len(xs), len(ys))))))
+        else:
+            out.append((name, ()))
+    return tuple(out)
 
 
 def _top_list(top: Iterable[Sequence[Any]]) -> list[tuple[int, float]]:
