@@ -42,9 +42,9 @@ def supported_aten_capabilities() -> tuple[str, ...]:
     instructions are there."""
     import torch
 
-    avx2, avx512 = (getattr(torch.cpu, f"_is_{name}_supported", None) for name in ATEN_CAPABILITIES[1:])
-    if callable(avx2) and callable(avx512):
-        return ("default", *(name for name, has in (("avx2", avx2), ("avx512", avx512)) if has()))
+    probes = {name: getattr(torch.cpu, f"_is_{name}_supported", None) for name in ATEN_CAPABILITIES[1:]}
+    if all(callable(has) for has in probes.values()):
+        return ("default", *(name for name, has in probes.items() if callable(has) and has()))
     # No probe in this torch: the capability it chose itself is the highest the CPU has.
     native = torch.backends.cpu.get_cpu_capability().lower()
     return ATEN_CAPABILITIES[: ATEN_CAPABILITIES.index(native) + 1] if native in ATEN_CAPABILITIES else ("default",)
