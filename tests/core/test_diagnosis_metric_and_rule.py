@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -120,6 +121,31 @@ def test_capture_round_trips_through_arrays() -> None:
         (x.values == y.values).all() and x.positions == y.positions
         for x, y in zip(back.tensors, c.tensors, strict=True)
     )
+
+
+def test_a_captures_arrays_are_seven_whatever_its_tensor_count() -> None:
+    # One member per tensor made the diagnosis cache's write most of its cost.
+    arrays = capture_to_arrays(capture(0.01))
+    assert sorted(arrays) == sorted(["path", "context_length", "points", "rows", "widths", "positions", "values"])
+    assert len(capture(0.01).tensors) > 1 and arrays["values"].ndim == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda a: a.update(values=a["values"][:-1]),
+        lambda a: a.update(positions=a["positions"][1:]),
+        lambda a: a.update(rows=a["rows"][:-1]),
+        lambda a: a.update(widths=-a["widths"]),
+        lambda a: a.update(points=a["points"][:, :2]),
+    ],
+    ids=["a value short", "a position short", "a row count missing", "negative widths", "a point's field missing"],
+)
+def test_capture_arrays_that_do_not_add_up_are_refused(change: Any) -> None:
+    arrays = capture_to_arrays(capture(0.01))
+    change(arrays)
+    with pytest.raises(ValueError, match="a capture's arrays"):
+        capture_from_arrays(arrays)
 
 
 def diagnosis(main: PathFinding, other: PathFinding | None) -> Diagnosis:

@@ -259,3 +259,65 @@ def test_a_diagnosis_says_where_its_honest_weights_came_from(threads: None) -> N
     assert "weights" not in d.engines["honest"] and not any("candidate's loaded weights" in n for n in d.notes)
     assert d.finding.first is not None and d.finding.first.layer == layer
     assert d.finding.first.part.startswith("experts"), d.finding.first.part
+
+
+def test_the_honest_config_is_autoconfigs_and_its_build_leaves_reprs_and_loading_as_they_were(
+    tiny_models_dir: Path, threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The honest engine's config is built with configs' repr made terse (huggingface_hub's
+    union checks format whole configs into messages they drop) and its model loaded without
+    transformers' thread pool (the weights are in memory): the config is AutoConfig's, and
+    repr and the environment are the caller's again after, a failed build included."""
+    import json
+    import os
+
+    from transformers import AutoConfig, PretrainedConfig
+
+    from gate.engines.hf import borrow
+
+    folder = builders()["qwen3.5-moe-hybrid"](tiny_models_dir / "borrow-qwen3.5-moe-hybrid")
+    own = PretrainedConfig.__repr__
+    built = borrow._config(str(folder))
+    assert built.to_dict() == AutoConfig.from_pretrained(str(folder)).to_dict()
+    assert PretrainedConfig.__repr__ is own and repr(built).startswith(f"{type(built).__name__} {{")
+    from gate.models.qwen_tiny import qwen_tiny_dir
+
+    qwen = str(qwen_tiny_dir())  # the multimodal layout: a text and a vision config inside
+    multimodal = borrow._config(qwen)
+    assert multimodal.to_dict() == AutoConfig.from_pretrained(qwen).to_dict() and multimodal.vision_config is not None
+    bad = tiny_models_dir / "borrow-bad-config"
+    shutil.copytree(folder, bad, dirs_exist_ok=True)
+    config = json.loads((bad / "config.json").read_text())
+    config.get("text_config", config)["num_experts_per_tok"] = "eight"
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="num_experts_per_tok"):
+        borrow._config(str(bad))
+    assert PretrainedConfig.__repr__ is own
+    monkeypatch.setenv(borrow.ASYNC_OFF, "no")
+    seen: list[str | None] = []
+    real = borrow._config
+
+    def watched(path: str) -> Any:
+        seen.append(os.environ.get(borrow.ASYNC_OFF))
+        return real(path)
+
+    monkeypatch.setattr(borrow, "_config", watched)
+    eng = candidate(folder)
+    weights = lent(eng, folder)
+    assert weights is not None
+    import transformers.core_model_loading as loading
+
+    threads_off: list[bool] = []
+    real_load = loading.convert_and_load_state_dict_in_model
+
+    def load_watched(*args: Any, **kwargs: Any) -> Any:
+        threads_off.append(os.environ.get(borrow.ASYNC_OFF) == "1")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "convert_and_load_state_dict_in_model", load_watched)
+    import transformers.modeling_utils as modeling
+
+    if getattr(modeling, "convert_and_load_state_dict_in_model", None) is real_load:
+        monkeypatch.setattr(modeling, "convert_and_load_state_dict_in_model", load_watched)
+    borrow.built_around(str(folder), weights, {"dtype": eng.dtype})
+    assert threads_off == [True] and seen == ["no"] and os.environ[borrow.ASYNC_OFF] == "no"

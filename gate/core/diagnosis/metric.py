@@ -56,6 +56,13 @@ def relative_errors(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
     far below any band), no float64 copy of the arrays."""
     ref = np.asarray(reference, dtype=np.float32)
     oth = np.asarray(other, dtype=np.float32)
+    d = oth - ref
+    diff2 = np.einsum("ij,ij->i", d, d, dtype=np.float64)
+    scale2 = np.einsum("ij,ij->i", ref, ref, dtype=np.float64)
+    # Every row finite and every reference row nonzero (a capture's usual rows): the same
+    # numbers as below in fewer numpy calls (a diagnosis computes this some 240 times).
+    if np.isfinite(diff2).all() and np.isfinite(scale2).all() and (scale2 > 0).all():
+        return np.sqrt(diff2) / np.sqrt(scale2)
     ok = np.isfinite(oth)
     finite = ok.all(axis=1)
     d = (oth if finite.all() else np.where(ok, oth, np.float32(0.0))) - ref

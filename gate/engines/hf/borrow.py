@@ -25,6 +25,9 @@ captures bit for bit against its own load's.
 from __future__ import annotations
 
 import mmap
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +248,25 @@ def _config(model_path: str) -> Any:
         return AutoConfig.from_pretrained(model_path)
     if "auto_map" in config_dict or set(unused) - {"_from_auto", "name_or_path"}:
         return AutoConfig.from_pretrained(model_path)
-    return CONFIG_MAPPING[model_type](**{**config_dict, "name_or_path": model_path})
+    with _terse_config_reprs():
+        return CONFIG_MAPPING[model_type](**{**config_dict, "name_or_path": model_path})
+
+
+@contextmanager
+def _terse_config_reprs() -> Iterator[None]:
+    """Configs' repr as a class name and an address while a config is built: huggingface_hub's
+    strict fields try the members of a union in turn, and on a sub-config (`text_config: dict
+    | PreTrainedConfig | None`) the `dict` member's failure formats the whole config's text
+    into a message it then drops, 4 times per Qwen3.6 config (0.9 ms each: most of its
+    build). A config whose fields fail every member still fails, named by class."""
+    from transformers import PretrainedConfig
+
+    own = PretrainedConfig.__dict__["__repr__"]
+    PretrainedConfig.__repr__ = object.__repr__  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PretrainedConfig.__repr__ = own  # type: ignore[method-assign]
 
 
 def built_around(model_path: str, weights: dict[str, Any], kwargs: dict[str, Any]) -> Any:
@@ -260,9 +281,29 @@ def built_around(model_path: str, weights: dict[str, Any], kwargs: dict[str, Any
     text = config.sub_configs.get("text_config", None)
     if text is not None and getattr(cls, "config_class", None) == text:  # a multimodal folder's causal LM
         config = config.get_text_config()
-    model = cls.from_pretrained(None, config=config, state_dict=weights, **kwargs)
+    with _loading_in_this_thread():
+        model = cls.from_pretrained(None, config=config, state_dict=weights, **kwargs)
     model.config.name_or_path = model_path  # as a load from the folder names it
     return model
+
+
+@contextmanager
+def _loading_in_this_thread() -> Iterator[None]:
+    """transformers' own switch for loading without its thread pool (HF_DEACTIVATE_ASYNC_LOAD),
+    for a state dict already in memory: its threads would read nothing from a file, and
+    cost a task each per tensor."""
+    before = os.environ.get(ASYNC_OFF)
+    os.environ[ASYNC_OFF] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ASYNC_OFF, None)
+        else:
+            os.environ[ASYNC_OFF] = before
+
+
+ASYNC_OFF = "HF_DEACTIVATE_ASYNC_LOAD"
 
 
 def load_causal_lm(model_path: str, kwargs: dict[str, Any], lender: Any, dtype: torch.dtype) -> tuple[Any, bool]:

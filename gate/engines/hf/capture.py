@@ -45,12 +45,14 @@ from gate.engines.hf.subparts import SubParts
 from gate.errors import InputError
 
 
-def capture_points(model: Any) -> list[tuple[Point, Any]]:
-    """(point, module) for every module gate reads, in definition order (not forward order)."""
-    names = {id(m): n for n, m in model.named_modules()}
+def capture_points(model: Any, named: Sequence[tuple[str, Any]] | None = None) -> list[tuple[Point, Any]]:
+    """(point, module) for every module gate reads, in definition order (not forward order);
+    `named`: the model's `named_modules()`, when the caller has them."""
+    named = list(model.named_modules()) if named is None else named
+    names = {id(m): n for n, m in named}
     layers = decoder_layers(model)
     count = len(layers)
-    routers = {r.layer: r.module for r in find_routers(model)}
+    routers = {r.layer: r.module for r in find_routers(model, named)}
     out: list[tuple[Point, Any]] = []
     embed = model.get_input_embeddings()
     if embed is not None:
@@ -73,8 +75,8 @@ def capture_points(model: Any) -> list[tuple[Point, Any]]:
     return out
 
 
-def _layers_named(model: Any) -> list[tuple[int, str, Any]]:
-    names = {id(m): n for n, m in model.named_modules()}
+def _layers_named(model: Any, named: Sequence[tuple[str, Any]]) -> list[tuple[int, str, Any]]:
+    names = {id(m): n for n, m in named}
     return [(i, names.get(id(layer), f"layers.{i}"), layer) for i, layer in enumerate(decoder_layers(model))]
 
 
@@ -104,13 +106,14 @@ class CaptureHooks:
     says which context positions its n input tokens are."""
 
     def __init__(self, model: Any) -> None:
-        self.points = capture_points(model)
+        named = list(model.named_modules())  # one walk of the model for all three
+        self.points = capture_points(model, named)
         self.start = 0
         self.tokens = 0
         self.order: list[int] = []  # point indexes in the order they first fired
         self.rows: dict[int, list[tuple[int, np.ndarray]]] = {}
         self.handles = [m.register_forward_hook(self._hook(i)) for i, (_, m) in enumerate(self.points)]
-        self.subparts = SubParts(_layers_named(model), len(self.points), self._emit)
+        self.subparts = SubParts(_layers_named(model, named), len(self.points), self._emit)
         self.points += [(p, None) for p in self.subparts.points]
 
     def begin(self, start: int, tokens: int) -> None:

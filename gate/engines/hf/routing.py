@@ -60,10 +60,11 @@ class Router:
     num_experts: int
 
 
-def find_routers(model: Any) -> list[Router]:
-    """The model's MoE routers, by decoder layer index; empty for a dense model."""
+def find_routers(model: Any, named: Sequence[tuple[str, Any]] | None = None) -> list[Router]:
+    """The model's MoE routers, by decoder layer index; empty for a dense model. `named`:
+    the model's `named_modules()`, when the caller has them."""
     out: list[Router] = []
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if named is None else named:
         spec = ROUTERS.get(type(module).__name__)
         if spec is None:
             continue

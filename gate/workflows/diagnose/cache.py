@@ -41,7 +41,7 @@ from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.engines.registry import REFERENCE_SOURCES
 from gate.version import __version__
 
-FORMAT = 1
+FORMAT = 2  # 2: a capture's arrays packed end to end (gate.core.diagnosis.capture.capture_to_arrays)
 MANIFEST = "manifest.json"
 REFERENCE = "reference.npz"
 BAND = "band.json"
