@@ -261,7 +261,10 @@ def _terse_config_reprs() -> Iterator[None]:
     build). A config whose fields fail every member still fails, named by class."""
     from transformers import PretrainedConfig
 
-    own = PretrainedConfig.__dict__["__repr__"]
+    own = PretrainedConfig.__dict__.get("__repr__")
+    if own is None:  # a transformers whose base config defines no repr of its own: nothing to make terse
+        yield
+        return
     PretrainedConfig.__repr__ = object.__repr__  # type: ignore[method-assign]
     try:
         yield
