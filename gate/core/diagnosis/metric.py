@@ -65,9 +65,10 @@ def relative_errors(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
         return np.sqrt(diff2) / np.sqrt(scale2)
     ok = np.isfinite(oth)
     finite = ok.all(axis=1)
-    d = (oth if finite.all() else np.where(ok, oth, np.float32(0.0))) - ref
-    diff = np.sqrt(np.einsum("ij,ij->i", d, d, dtype=np.float64))
-    scale = np.sqrt(np.einsum("ij,ij->i", ref, ref, dtype=np.float64))
+    if not finite.all():  # the non-finite values out of the sums (those rows are infinite below)
+        d = np.where(ok, oth, np.float32(0.0)) - ref
+        diff2 = np.einsum("ij,ij->i", d, d, dtype=np.float64)
+    diff, scale = np.sqrt(diff2), np.sqrt(scale2)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), np.where(diff > 0, np.inf, 0.0))
     return np.where(finite, rel, np.inf)

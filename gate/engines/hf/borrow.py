@@ -290,6 +290,9 @@ def built_around(model_path: str, weights: dict[str, Any], kwargs: dict[str, Any
     return model
 
 
+ASYNC_OFF = "HF_DEACTIVATE_ASYNC_LOAD"
+
+
 @contextmanager
 def _loading_in_this_thread() -> Iterator[None]:
     """transformers' own switch for loading without its thread pool (HF_DEACTIVATE_ASYNC_LOAD),
@@ -304,9 +307,6 @@ def _loading_in_this_thread() -> Iterator[None]:
             os.environ.pop(ASYNC_OFF, None)
         else:
             os.environ[ASYNC_OFF] = before
-
-
-ASYNC_OFF = "HF_DEACTIVATE_ASYNC_LOAD"
 
 
 def load_causal_lm(model_path: str, kwargs: dict[str, Any], lender: Any, dtype: torch.dtype) -> tuple[Any, bool]:
