@@ -20,7 +20,7 @@ from gate.core.diagnosis.capture import (
     capture_to_arrays,
 )
 from gate.core.diagnosis.locate import compare_path
-from gate.core.diagnosis.metric import BAND_FLOOR, MARGIN, point_error, relative_errors
+from gate.core.diagnosis.metric import BAND_FLOOR, MARGIN, point_error, point_errors, relative_errors
 from gate.core.diagnosis.record import Diagnosis, PathFinding
 
 RNG = np.random.default_rng(0)
@@ -70,6 +70,40 @@ def test_non_finite_and_zero_rows() -> None:
     ref = np.array([[1.0], [0.0], [0.0]], dtype=np.float32)
     other = np.array([[np.nan], [0.0], [1.0]], dtype=np.float32)
     assert list(relative_errors(ref, other)) == [math.inf, 0.0, math.inf]
+
+
+def test_point_errors_in_one_call_per_width_are_each_points_own() -> None:
+    """Every point of a width in one relative_errors call gives each point the error, position
+    and count its own call gives, bit for bit: a non-finite row or a zero reference row in one
+    point (the slow path for the whole width) changes no other point's numbers, a point with no
+    positions is the empty error, and among equal worst rows the earliest is named."""
+    rng = np.random.default_rng(7)
+
+    def rows(n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        ref = rng.standard_normal((n, width)).astype(np.float32) * rng.uniform(0.1, 300)
+        return ref, ref + rng.standard_normal((n, width)).astype(np.float32) * 1e-3
+
+    points: list[tuple[tuple[int, ...], np.ndarray, np.ndarray]] = []
+    for k in range(40):
+        width = (8, 64, 97, 1024)[k % 4]
+        n = 1 + k % 5
+        ref, other = rows(n, width)
+        points.append((tuple(range(10 + k, 10 + k + n)), ref, other))
+    ref, other = rows(3, 64)
+    other[1, 5] = np.nan
+    points.append(((2, 3, 4), ref, other))  # a NaN in one point of width 64
+    ref, other = rows(2, 8)
+    ref[0] = 0.0
+    points.append(((0, 1), ref, other))  # a zero reference row, unmatched: infinite
+    points.append(((), np.zeros((0, 8), np.float32), np.zeros((0, 8), np.float32)))
+    ref = np.ones((3, 97), np.float32)
+    points.append(((4, 5, 6), ref, ref * 1.5))  # three equal worst rows: the first position
+    got = point_errors(points)
+    want = [point_error(*p) for p in points]
+    assert [(g.error, g.position, g.positions) for g in got] == [(w.error, w.position, w.positions) for w in want]
+    assert math.isinf(got[40].error) and got[40].position == 3 and math.isinf(got[41].error)
+    assert (got[42].position, got[42].positions) == (-1, 0) and got[43].position == 4
+    assert point_errors([]) == []
 
 
 def test_honest_candidate_is_located_nowhere_and_a_bug_where_it_enters() -> None:

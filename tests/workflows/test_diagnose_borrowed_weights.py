@@ -266,8 +266,9 @@ def test_the_honest_config_is_autoconfigs_and_its_build_leaves_reprs_and_loading
 ) -> None:
     """The honest engine's config is built with configs' repr made terse (huggingface_hub's
     union checks format whole configs into messages they drop) and its model loaded without
-    transformers' thread pool (the weights are in memory): the config is AutoConfig's, and
-    repr and the environment are the caller's again after, a failed build included."""
+    transformers' thread pool (the weights are in memory) nor torch's initialisers (the lent
+    weights replace what they would draw): the config is AutoConfig's, and repr, the
+    environment and torch's initialisers are the caller's again after, a failed build included."""
     import json
     import os
 
@@ -319,5 +320,21 @@ def test_the_honest_config_is_autoconfigs_and_its_build_leaves_reprs_and_loading
 
     if getattr(modeling, "convert_and_load_state_dict_in_model", None) is real_load:
         monkeypatch.setattr(modeling, "convert_and_load_state_dict_in_model", load_watched)
+    import torch
+
+    drawn: list[str] = []  # a Linear's __init__ draws its weights through torch.nn.init
+    real_kaiming = torch.nn.init.kaiming_uniform_
+
+    def kaiming_watched(*args: Any, **kwargs: Any) -> Any:
+        drawn.append("kaiming_uniform_")
+        return real_kaiming(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.init, "kaiming_uniform_", kaiming_watched)
+    torch.nn.Linear(2, 2)
+    assert drawn == ["kaiming_uniform_"]  # the watch sees a Linear's draw
+    drawn.clear()
     borrow.built_around(str(folder), weights, {"dtype": eng.dtype})
     assert threads_off == [True] and seen == ["no"] and os.environ[borrow.ASYNC_OFF] == "no"
+    # No torch initialiser drew into the meta tensors the lent weights replace, and they are
+    # torch's again after the build.
+    assert drawn == [] and torch.nn.init.kaiming_uniform_ is kaiming_watched

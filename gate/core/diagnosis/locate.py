@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gate.core.diagnosis.capture import Capture, Tensor, aligned
-from gate.core.diagnosis.metric import MARGIN, band, point_error, ratio
+from gate.core.diagnosis.metric import MARGIN, band, point_errors, ratio
 from gate.core.diagnosis.record import LayerError, PathFinding
 
 
@@ -56,13 +58,15 @@ class HonestBand:
 def honest_band(reference: Capture, honest: Capture) -> HonestBand:
     """The honest engine's error at each reference point it has with the reference's width."""
     by = honest.by_module()
-    points: dict[str, HonestPoint] = {}
+    kept: list[tuple[str, Tensor]] = []
+    rows: list[tuple[tuple[int, ...], np.ndarray, np.ndarray]] = []
     for ref in reference.tensors:
         hon = by.get(ref.point.module)
         if hon is None or hon.values.shape[1] != ref.values.shape[1]:
             continue
-        positions, r, h = aligned(ref, hon)
-        points[ref.point.module] = HonestPoint(hon.positions, point_error(positions, r, h).error)
+        kept.append((ref.point.module, hon))
+        rows.append(aligned(ref, hon))
+    points = {m: HonestPoint(hon.positions, e.error) for (m, hon), e in zip(kept, point_errors(rows), strict=True)}
     return HonestBand(honest.path, points)
 
 
@@ -82,9 +86,9 @@ def compare_path(
         raise ValueError(f"paths differ: {reference.path}, {honest.path}, {candidate.path}")
     honest_by = (honest if isinstance(honest, HonestBand) else honest_band(reference, honest)).points
     cand_by = candidate.by_module()
-    rows: list[LayerError] = []
+    compared: list[tuple[Tensor, HonestPoint | None]] = []
+    pairs: list[tuple[tuple[int, ...], np.ndarray, np.ndarray]] = []
     missing: list[str] = []
-    first: LayerError | None = None
     for ref in reference.tensors:
         module = ref.point.module
         cand = cand_by.get(module)
@@ -94,16 +98,20 @@ def compare_path(
         hon = honest_by.get(module)
         if hon is not None:
             cand = within(cand, hon.positions)
-        positions, r, c = aligned(ref, cand)
-        if not positions:
+        pair = aligned(ref, cand)
+        if not pair[0]:
             missing.append(module)
             continue
-        err = point_error(positions, r, c)
+        compared.append((ref, hon))
+        pairs.append(pair)
+    rows: list[LayerError] = []
+    first: LayerError | None = None
+    for (ref, hon), err in zip(compared, point_errors(pairs), strict=True):
         b = band(hon.error if hon is not None else 0.0)
         row = LayerError(
             layer=ref.point.layer,
             part=ref.point.part,
-            module=module,
+            module=ref.point.module,
             error=err.error,
             honest_band=b,
             ratio=ratio(err.error, b),

@@ -22,6 +22,7 @@ still honest.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +82,32 @@ def point_error(positions: tuple[int, ...], reference: np.ndarray, other: np.nda
     rel = relative_errors(reference, other)
     i = int(np.argmax(rel))
     return PointError(float(rel[i]), positions[i], len(positions))
+
+
+def point_errors(points: Sequence[tuple[tuple[int, ...], np.ndarray, np.ndarray]]) -> list[PointError]:
+    """`point_error` of each (positions, reference rows, other rows), the rows of every point of
+    one width in one `relative_errors` call (a path's 60-odd points of the tiny Qwen3.6 were
+    as many calls, twice per path in a diagnosis): its numbers are row by row, so each
+    point's are the ones its own call gives."""
+    out: list[PointError] = [PointError(0.0, -1, 0)] * len(points)
+    by_width: dict[int, list[int]] = {}
+    for k, (positions, reference, _) in enumerate(points):
+        if positions:
+            by_width.setdefault(int(reference.shape[-1]), []).append(k)
+    for ks in by_width.values():
+        if len(ks) == 1:
+            rel = relative_errors(points[ks[0]][1], points[ks[0]][2])
+        else:
+            reference = np.concatenate([points[k][1] for k in ks])
+            rel = relative_errors(reference, np.concatenate([points[k][2] for k in ks]))
+        at = 0
+        for k in ks:
+            positions = points[k][0]
+            rows = rel[at : at + len(positions)]
+            at += len(positions)
+            i = int(np.argmax(rows))
+            out[k] = PointError(float(rows[i]), positions[i], len(positions))
+    return out
 
 
 def band(honest_error: float) -> float:

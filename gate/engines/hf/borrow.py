@@ -284,7 +284,7 @@ def built_around(model_path: str, weights: dict[str, Any], kwargs: dict[str, Any
     text = config.sub_configs.get("text_config", None)
     if text is not None and getattr(cls, "config_class", None) == text:  # a multimodal folder's causal LM
         config = config.get_text_config()
-    with _loading_in_this_thread():
+    with _loading_in_this_thread(), _without_torch_initialisers():
         model = cls.from_pretrained(None, config=config, state_dict=weights, **kwargs)
     model.config.name_or_path = model_path  # as a load from the folder names it
     return model
@@ -307,6 +307,22 @@ def _loading_in_this_thread() -> Iterator[None]:
             os.environ.pop(ASYNC_OFF, None)
         else:
             os.environ[ASYNC_OFF] = before
+
+
+@contextmanager
+def _without_torch_initialisers() -> Iterator[None]:
+    """transformers' own `no_init_weights` (its DeepSpeed path's) around a build on lent
+    weights: the modules' torch initialisers (a Linear's kaiming_uniform_) would fill meta
+    tensors that the lent weights then replace (a tenth of the tiny Qwen3.6's build). What
+    transformers initialises itself after the load (the buffers a state dict does not hold:
+    its `_init_weights`, through its own initialisers) is as before; every parameter is lent."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # a transformers without it: its build as it is
+        yield
+        return
+    with no_init_weights():
+        yield
 
 
 def load_causal_lm(model_path: str, kwargs: dict[str, Any], lender: Any, dtype: torch.dtype) -> tuple[Any, bool]:
