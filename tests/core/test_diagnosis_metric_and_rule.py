@@ -20,7 +20,14 @@ from gate.core.diagnosis.capture import (
     capture_to_arrays,
 )
 from gate.core.diagnosis.locate import compare_path
-from gate.core.diagnosis.metric import BAND_FLOOR, MARGIN, point_error, point_errors, relative_errors
+from gate.core.diagnosis.metric import (
+    BAND_FLOOR,
+    MARGIN,
+    SHARED_CALL_VALUES,
+    point_error,
+    point_errors,
+    relative_errors,
+)
 from gate.core.diagnosis.record import Diagnosis, PathFinding
 
 RNG = np.random.default_rng(0)
@@ -104,6 +111,35 @@ def test_point_errors_in_one_call_per_width_are_each_points_own() -> None:
     assert math.isinf(got[40].error) and got[40].position == 3 and math.isinf(got[41].error)
     assert (got[42].position, got[42].positions) == (-1, 0) and got[43].position == 4
     assert point_errors([]) == []
+
+
+def test_only_small_points_share_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small points of a width are joined into one call; a point above SHARED_CALL_VALUES is
+    never copied into a joined array (the default model's 69 x 576 rows a point, joined, made
+    its comparison 5 times slower in fresh pages), and its numbers are still its own."""
+    rng = np.random.default_rng(3)
+    joined: list[int] = []
+    real = np.concatenate
+
+    def watched(arrays: Any, *args: Any, **kwargs: Any) -> Any:
+        arrays = list(arrays)
+        joined.extend(int(a.size) for a in arrays)
+        return real(arrays, *args, **kwargs)
+
+    monkeypatch.setattr(np, "concatenate", watched)
+
+    def point(n: int, width: int) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+        ref = rng.standard_normal((n, width)).astype(np.float32)
+        return tuple(range(n)), ref, ref + rng.standard_normal((n, width)).astype(np.float32) * 1e-3
+
+    big = [point(69, 576) for _ in range(4)]
+    assert big[0][1].size > SHARED_CALL_VALUES
+    got = point_errors(big)
+    assert joined == [] and got == [point_error(*p) for p in big]
+    small = [point(20, 32) for _ in range(4)]
+    got = point_errors(small + big)
+    assert joined and max(joined) <= SHARED_CALL_VALUES
+    assert got == [point_error(*p) for p in small + big]
 
 
 def test_honest_candidate_is_located_nowhere_and_a_bug_where_it_enters() -> None:
