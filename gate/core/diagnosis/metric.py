@@ -79,7 +79,11 @@ def point_error(positions: tuple[int, ...], reference: np.ndarray, other: np.nda
     """The worst position's relative error (the earliest among equal worst)."""
     if not positions:
         return PointError(0.0, -1, 0)
-    rel = relative_errors(reference, other)
+    return _worst(positions, relative_errors(reference, other))
+
+
+def _worst(positions: tuple[int, ...], rel: np.ndarray) -> PointError:
+    """The worst of a point's relative errors (one per position), the earliest among equal worst."""
     i = int(np.argmax(rel))
     return PointError(float(rel[i]), positions[i], len(positions))
 
@@ -96,11 +100,11 @@ def point_errors(points: Sequence[tuple[tuple[int, ...], np.ndarray, np.ndarray]
     points of a path were as many calls, twice per path in a diagnosis; its numbers are row
     by row, so each point's are the ones its own call gives."""
     out: list[PointError] = [PointError(0.0, -1, 0)] * len(points)
-    calls: dict[tuple[int, int], list[int]] = {}
+    calls: dict[tuple[int, int], list[int]] = {}  # (width, the point's index if alone else -1) -> points
     for k, (positions, reference, _) in enumerate(points):
         if positions:
             alone = reference.size > SHARED_CALL_VALUES
-            calls.setdefault((int(reference.shape[-1]), k) if alone else (int(reference.shape[-1]), -1), []).append(k)
+            calls.setdefault((int(reference.shape[-1]), k if alone else -1), []).append(k)
     for ks in calls.values():
         if len(ks) == 1:
             rel = relative_errors(points[ks[0]][1], points[ks[0]][2])
@@ -110,10 +114,8 @@ def point_errors(points: Sequence[tuple[tuple[int, ...], np.ndarray, np.ndarray]
         at = 0
         for k in ks:
             positions = points[k][0]
-            rows = rel[at : at + len(positions)]
+            out[k] = _worst(positions, rel[at : at + len(positions)])
             at += len(positions)
-            i = int(np.argmax(rows))
-            out[k] = PointError(float(rows[i]), positions[i], len(positions))
     return out
 
 
