@@ -290,3 +290,24 @@ def test_gate_run_without_prompt_logprobs_leaves_positions_unadjudicated(pins: P
     report = json.loads(r.stdout)
     assert report["counts"]["unadjudicated_positions"] == 4 * 5
     assert all(d["source"] == "free_run" for d in report["divergences"])
+
+
+@pytest.mark.parametrize(
+    ("error", "printed"), [(ConnectionResetError("peer hung up"), False), (KeyError("a bug in the fake"), True)]
+)
+def test_the_fake_server_prints_its_own_errors_not_a_client_hanging_up(
+    error: Exception, printed: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from helpers.fake_openai_server import QuietServer
+
+    server = QuietServer(("127.0.0.1", 0), object)  # type: ignore[arg-type]
+    try:
+        try:
+            raise error
+        except Exception:
+            server.handle_error(None, ("127.0.0.1", 1))
+    finally:
+        server.server_close()
+    err = capsys.readouterr().err
+    assert ("Exception occurred during processing of request" in err) is printed
+    assert (type(error).__name__ in err) is printed

@@ -65,7 +65,7 @@ from gate.engines._common import (
 )
 from gate.engines._common import stop_token_ids as _stop_token_ids
 from gate.engines._machine import host_machine
-from gate.engines.hf.loading import device_name, device_of, load_tokenizer
+from gate.engines.hf.loading import device_name, device_of, load_tokenizer, to_device
 from gate.engines.hf.routing import SOFTMAX, RouterHooks, find_routers
 from gate.engines.hf.schedules import PrefixCache, force_prefill, generate_batch, prefill_cached, prefill_chunked
 from gate.errors import EngineError, InputError
@@ -164,7 +164,7 @@ class HFEngine(TokenizerMethods):
         except OSError as exc:
             # transformers' way of saying "no such folder or repo, or not cached offline".
             raise InputError(f"cannot load model {model!r}: {exc}") from None
-        self.model: Any = loaded.to(self.device).eval()
+        self.model: Any = to_device(loaded, self.device).eval()
         self.tokenizer = load_tokenizer(self.model_path, kwargs) if tokenizer else None
         self.stop_ids = _stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.vocab_size: int | None = getattr(self.model.config, "vocab_size", None)

@@ -25,6 +25,24 @@ def device_of(name: str) -> torch.device:
     return torch.device(name)
 
 
+def on_device(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every parameter and buffer of `model` is on `device` (the same type and index:
+    `cuda` is not taken for `cuda:0`)."""
+    for module in model.modules():  # one walk; a module's own tensors are its two dicts
+        for tensors in (module._parameters, module._buffers):
+            for t in tensors.values():
+                if t is not None and t.device != device:
+                    return False
+    return True
+
+
+def to_device(model: Any, device: torch.device) -> Any:
+    """`model` on `device`: moved (`Module.to`, a walk of every module) only when some tensor of
+    it is elsewhere; a model built on the device (every CPU load, a build on lent weights) is
+    taken as it is."""
+    return model if on_device(model, device) else model.to(device)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
