@@ -9,7 +9,8 @@ Three diagnoses of the same position: with nothing cached (the first diagnosis o
 a machine: its weights are hashed for the cache's key), with the weights' digests known (the
 first diagnosis of a position: the reference and the band computed), and with gate's
 diagnosis cache kept from the one before (the position diagnosed again: another candidate, a
-fixed build).
+fixed build). `--repeat N`: the second N times, each with a cache of its own and over a plain
+prefill measured just before it, and the median of those ratios (one run moves with the machine).
 
 Peak memory is the process's resident set, sampled every 2 ms by a thread, during each step
 (the candidate already loaded before all); the diagnosis loads the honest engine (bfloat16)
@@ -89,6 +90,14 @@ def main() -> None:
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--wide", action="store_true", help="a wider random checkpoint of --model's architecture")
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the first diagnosis of the position (cache empty) N times, each with a cache of its own and "
+        "against a plain prefill measured just before it; their median (one run moves with the machine)",
+    )
+    parser.add_argument(
         "--experts",
         default=None,
         metavar="COUNT,PER_TOKEN,WIDTH",
@@ -96,6 +105,8 @@ def main() -> None:
         "(256,8,64: Qwen3.6-35B-A3B's count and ratio; default 32,4,256)",
     )
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: expected at least 1")
     torch.set_num_threads(1)
     pin = load_pin(args.model)
     prompt = args.prompt or pin.trace.records[0].id
@@ -129,16 +140,19 @@ def bench(engine: Any, pin: Any, target: Any, prompt: str, args: argparse.Namesp
     from gate.core.storage import digests
 
     known_digests = digests.digest_dir
-    runs = (
-        ("nothing cached (weights hashed):", True),  # the first diagnosis of a model on this machine
-        ("one diagnosis, cache empty:", False),  # the first of a position: the weights' digests known
-        ("one diagnosis, cache kept:", False),  # the same position again (another candidate, a fix)
-    )
+    n = args.repeat
+    runs = [
+        ("nothing cached (weights hashed):", True, "first"),  # the first diagnosis of a model on this machine
+        # the first of a position: the weights' digests known (each repeat with a cache of its own)
+        *((f"one diagnosis, cache empty{f' ({i + 1} of {n})' if n > 1 else ''}:", False, f"then{i}") for i in range(n)),
+        ("one diagnosis, cache kept:", False, f"then{n - 1}"),  # the same position again (another candidate, a fix)
+    ]
     done = []
+    paired: list[float] = []  # each repeat's time over the plain prefill measured just before it
     with tempfile.TemporaryDirectory() as cache_dir, tempfile.TemporaryDirectory() as digest_dir:
-        for what, hash_weights in runs:
-            # An empty cache for the first two runs; the second run fills it for the third.
-            os.environ["GATE_DIAGNOSE_CACHE_DIR"] = cache_dir + ("/first" if hash_weights else "/then")
+        for what, hash_weights, folder in runs:
+            # An empty cache for each run but the last; the last cache-empty run fills it for the last.
+            os.environ["GATE_DIAGNOSE_CACHE_DIR"] = f"{cache_dir}/{folder}"
             digests.digest_dir = (lambda: Path(digest_dir)) if hash_weights else known_digests  # type: ignore[assignment]
             if not hash_weights:  # the weights' digests as any earlier diagnosis of the model left them
                 for f in sorted(Path(engine.model_path).iterdir()):
@@ -146,9 +160,13 @@ def bench(engine: Any, pin: Any, target: Any, prompt: str, args: argparse.Namesp
                         digests.known_sha256(f)
             timings = counted(engine.model.config.get_text_config().vocab_size)
             work = timings.work
+            empty = n > 1 and "cache empty" in what
+            before_s = measured(plain)[0] if empty else 0.0
             with timings.counting():
                 diag_s, diag_peak, d = measured(functools.partial(one, timings))
             done.append((what, diag_s, cpu[-1], diag_peak, d, timings, work))
+            if empty:
+                paired.append(diag_s / before_s)
     after = [measured(plain) for _ in range(5)]
     samples += after
     base_s = statistics.median(s for s, _, _ in samples)
@@ -175,6 +193,14 @@ def bench(engine: Any, pin: Any, target: Any, prompt: str, args: argparse.Namesp
         total = sum(t for _, t in work.values())
         print(f"  work, all: {total} tokens = {total / len(ids):.2f} prefills of the {len(ids)}-token context")
         print(f"  diagnosis: {d.summary}")
+    if paired:
+        empties = [diag_s for what, diag_s, *_ in done if "cache empty" in what]
+        each = ", ".join(f"{r:.1f}x" for r in paired)
+        overall = statistics.median(empties) / base_s
+        print(
+            f"one diagnosis, cache empty, {n} runs: each over the plain prefill just before it {each}; "
+            f"median {statistics.median(paired):.1f}x (over the median of 10: {overall:.1f}x)"
+        )
 
 
 def counted(vocab: int) -> Any:
