@@ -131,14 +131,46 @@ def read(key: Mapping[str, Any], root: Path | None = None) -> Entry | None:
         if stored != orjson.loads(orjson.dumps(key)):
             return None
         band = orjson.loads((folder / BAND).read_bytes())
-        with np.load(folder / REFERENCE, allow_pickle=False) as npz:
-            reference = capture_from_arrays({k: npz[k] for k in npz.files})
+        if not _band_shaped(band):
+            return None
+        reference = _reference(folder / REFERENCE)
+        if reference is None:
+            return None
         bands = {str(p): HonestBand.from_dict(b) for p, b in band["bands"].items()}
         if set(bands) != set(key["paths"]) or any(b.path != p for p, b in bands.items()):
             return None
         return Entry(reference, bands, dict(band["engines"]))
     except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
         return None
+
+
+def _reference(path: Path) -> Capture | None:
+    """The reference capture kept at `path`, or None for a file that cannot be one. A damaged
+    .npz fails in many ways (numpy's EOFError for an empty one, zipfile's BadZipFile for a cut
+    or flipped zip, its CRC-32 covering every byte of the arrays, NotImplementedError for a
+    flipped version field, ...): each is a miss, computed again (tests/workflows/
+    test_diagnose_cache_corrupt.py flips every byte)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return capture_from_arrays({k: npz[k] for k in npz.files})
+    except Exception:  # a file that is not a reference capture, however it fails to be read
+        return None
+
+
+def _band_shaped(band: Any) -> bool:
+    """Whether band.json's JSON has the shape `write` gives it (objects where it writes
+    objects, lists where it writes lists), so a damaged one is a miss, not an error."""
+    if not isinstance(band, dict) or not all(isinstance(band.get(k), dict) for k in ("bands", "engines")):
+        return False
+    for b in band["bands"].values():
+        if not isinstance(b, dict) or not isinstance(b.get("points"), dict):
+            return False
+        for point in b["points"].values():
+            if not isinstance(point, dict) or not isinstance(point.get("positions"), list):
+                return False
+            if not isinstance(point.get("error"), int | float | str):
+                return False
+    return True
 
 
 def write(key: Mapping[str, Any], entry: Entry, root: Path | None = None) -> Path:
