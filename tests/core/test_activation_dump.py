@@ -3,6 +3,7 @@ and the one function that turns a dump's (or a plugin's) arrays into a capture."
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -242,3 +243,33 @@ def test_a_dump_file_is_checked_from_its_header_before_its_body_is_read(tmp_path
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20, peak
+
+
+def _read_or_refused(data: bytes, tmp_path: object, n: int) -> None:
+    """`read_safetensors` and `load_dump` (the file reader gate diagnose uses) on `data`: a
+    dump or an InputError, nothing else."""
+    from pathlib import Path
+
+    from gate.workflows.diagnose.activations import load_dump
+
+    f = Path(str(tmp_path)) / f"d{n % 2}.safetensors"
+    f.write_bytes(data)
+    for read in (lambda: read_safetensors(data, "d"), lambda: load_dump(f)):
+        with contextlib.suppress(InputError):
+            read()
+
+
+def test_a_dump_cut_short_or_with_any_byte_flipped_is_read_or_refused_never_an_error(
+    reference: dict[str, np.ndarray], tmp_path: object
+) -> None:
+    """Damage as a disk, a copy cut short or a hostile writer leaves it: every length, and each
+    byte flipped two ways, in both dtypes' files."""
+    for dtype in (F32, BF16):
+        whole = write_safetensors(
+            {k: v for k, v in list(reference.items())[:3]}, {"context_sha256": "abc", "path": "decode"}, dtype=dtype
+        )
+        for n in range(len(whole)):
+            _read_or_refused(whole[:n], tmp_path, n)
+        for i in range(len(whole)):
+            for flip in (0x01, 0x80):
+                _read_or_refused(whole[:i] + bytes([whole[i] ^ flip]) + whole[i + 1 :], tmp_path, i)
