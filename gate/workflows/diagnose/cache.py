@@ -12,7 +12,8 @@ running them. An entry is a folder under `cache_root()` named by the sha256 of i
   dispatches to (and the variables that force one), the CPU's model name;
 - `reference.npz`: the reference capture (float32, no pickles);
 - `band.json`: the honest engine's error at each point of each path, and the description of
-  the two engines for the record.
+  the two engines for the record; its sha256 is kept in `reference.npz`, whose zip CRC-32
+  covers every byte of it: an entry changed or damaged on disk is a miss.
 
 An entry is read only when its stored manifest equals the one computed now, field by field:
 a change of any input is another entry, and an entry of other weights is never read. A
@@ -41,10 +42,13 @@ from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.engines.registry import REFERENCE_SOURCES
 from gate.version import __version__
 
-FORMAT = 2  # 2: a capture's arrays packed end to end (gate.core.diagnosis.capture.capture_to_arrays)
+# 2: a capture's arrays packed end to end (gate.core.diagnosis.capture.capture_to_arrays);
+# 3: the sha256 of band.json kept in reference.npz (a band.json changed on disk is a miss).
+FORMAT = 3
 MANIFEST = "manifest.json"
 REFERENCE = "reference.npz"
 BAND = "band.json"
+BAND_SHA256 = "band_sha256"  # reference.npz's member: the sha256 of the band.json written with it
 # The modules whose code decides what an entry holds: a change to any is another entry.
 SOURCES = (
     *REFERENCE_SOURCES,
@@ -130,12 +134,11 @@ def read(key: Mapping[str, Any], root: Path | None = None) -> Entry | None:
         stored = orjson.loads((folder / MANIFEST).read_bytes())
         if stored != orjson.loads(orjson.dumps(key)):
             return None
-        band = orjson.loads((folder / BAND).read_bytes())
-        if not _band_shaped(band):
+        raw = (folder / BAND).read_bytes()
+        kept = _reference(folder / REFERENCE)
+        if kept is None or kept[1] != hashlib.sha256(raw).hexdigest():  # the band as written, byte for byte
             return None
-        reference = _reference(folder / REFERENCE)
-        if reference is None:
-            return None
+        reference, band = kept[0], orjson.loads(raw)
         bands = {str(p): HonestBand.from_dict(b) for p, b in band["bands"].items()}
         if set(bands) != set(key["paths"]) or any(b.path != p for p, b in bands.items()):
             return None
@@ -144,33 +147,19 @@ def read(key: Mapping[str, Any], root: Path | None = None) -> Entry | None:
         return None
 
 
-def _reference(path: Path) -> Capture | None:
-    """The reference capture kept at `path`, or None for a file that cannot be one. A damaged
-    .npz fails in many ways (numpy's EOFError for an empty one, zipfile's BadZipFile for a cut
-    or flipped zip, its CRC-32 covering every byte of the arrays, NotImplementedError for a
-    flipped version field, ...): each is a miss, computed again (tests/workflows/
-    test_diagnose_cache_corrupt.py flips every byte)."""
+def _reference(path: Path) -> tuple[Capture, str] | None:
+    """The reference capture kept at `path` and the sha256 of the band.json written with it,
+    or None for a file that cannot be them. A damaged .npz fails in many ways (numpy's
+    EOFError for an empty one, zipfile's BadZipFile for a cut or flipped zip, its CRC-32
+    covering every byte of the arrays, NotImplementedError for a flipped version field, ...):
+    each is a miss, computed again (tests/workflows/test_diagnose_cache_corrupt.py flips every
+    byte)."""
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return capture_from_arrays({k: npz[k] for k in npz.files})
+            arrays = {k: npz[k] for k in npz.files}
+        return capture_from_arrays(arrays), str(arrays[BAND_SHA256])
     except Exception:  # a file that is not a reference capture, however it fails to be read
         return None
-
-
-def _band_shaped(band: Any) -> bool:
-    """Whether band.json's JSON has the shape `write` gives it (objects where it writes
-    objects, lists where it writes lists), so a damaged one is a miss, not an error."""
-    if not isinstance(band, dict) or not all(isinstance(band.get(k), dict) for k in ("bands", "engines")):
-        return False
-    for b in band["bands"].values():
-        if not isinstance(b, dict) or not isinstance(b.get("points"), dict):
-            return False
-        for point in b["points"].values():
-            if not isinstance(point, dict) or not isinstance(point.get("positions"), list):
-                return False
-            if not isinstance(point.get("error"), int | float | str):
-                return False
-    return True
 
 
 def write(key: Mapping[str, Any], entry: Entry, root: Path | None = None) -> Path:
@@ -181,10 +170,12 @@ def write(key: Mapping[str, Any], entry: Entry, root: Path | None = None) -> Pat
 
     def build(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        with open(tmp / REFERENCE, "wb") as fh:
-            np.savez(fh, allow_pickle=False, **capture_to_arrays(entry.reference))
         bands = {p: b.to_dict() for p, b in entry.bands.items()}
-        (tmp / BAND).write_bytes(orjson.dumps({"bands": bands, "engines": dict(entry.engines)}))
+        band = orjson.dumps({"bands": bands, "engines": dict(entry.engines)})
+        arrays = capture_to_arrays(entry.reference)
+        with open(tmp / REFERENCE, "wb") as fh:  # the band's sha256 under the zip's CRC-32 with the arrays
+            np.savez(fh, allow_pickle=False, **arrays, **{BAND_SHA256: np.array(hashlib.sha256(band).hexdigest())})
+        (tmp / BAND).write_bytes(band)
         (tmp / MANIFEST).write_bytes(orjson.dumps(key, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
     build_and_publish(folder, build)
