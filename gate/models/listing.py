@@ -77,6 +77,13 @@ def load_manifest(folder: Path, name: str, version_key: str, version: int) -> di
     return manifest
 
 
+def section(manifest: dict[str, Any], key: str) -> dict[str, Any]:
+    """The manifest's object `key` (a build's `source`, its `versions`), empty when it has none
+    or holds something else: a manifest damaged on disk is a folder to rebuild, not an error."""
+    value = manifest.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def check_listed_files(folder: Path, name: str, manifest: dict[str, Any]) -> str | None:
     """None when every file the manifest `name` lists is in `folder` with its sha256, else
     the first that is not."""

@@ -29,7 +29,7 @@ from gate.engines.executorch.export import ATTENTIONS, BACKEND, RECIPES
 from gate.errors import EngineError, InputError
 from gate.models.default import build_and_publish, read_build_manifest
 from gate.models.hashing import source_hashes
-from gate.models.listing import check_listed_files, load_manifest
+from gate.models.listing import check_listed_files, load_manifest, section
 from gate.version import install_line
 
 PTE_NAME = "model.pte"
@@ -116,13 +116,13 @@ def check_program_folder(
     manifest = load_manifest(folder, PTE_MANIFEST, "gate_executorch_manifest", PTE_MANIFEST_VERSION)
     if isinstance(manifest, str):
         return manifest
-    source = manifest.get("source") or {}
+    source = section(manifest, "source")
     if source_weights_sha256 is not None and source.get("weights_sha256") != source_weights_sha256:
         return "it was exported from other weights than the source folder holds now"
     built_attention = manifest.get("attention", "masked")
     if attention is not None and built_attention != attention:
         return f"it was exported with attention {built_attention!r}, not {attention!r}"
-    built = (manifest.get("versions") or {}).get("executorch")
+    built = section(manifest, "versions").get("executorch")
     installed = versions().get("executorch")
     if installed is not None and built != installed:
         return f"it was exported by ExecuTorch {built}, and {installed} is installed"

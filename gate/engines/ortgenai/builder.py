@@ -34,7 +34,7 @@ from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.default import build_and_publish, read_build_manifest
 from gate.models.hashing import source_hashes
-from gate.models.listing import check_listed_files, listing_sha256, load_manifest
+from gate.models.listing import check_listed_files, listing_sha256, load_manifest, section
 from gate.version import install_line
 
 ONNX_MANIFEST = "gate-onnx-manifest.json"
@@ -92,7 +92,7 @@ def check_onnx_folder(folder: Path, *, source_weights_sha256: str | None = None)
     manifest = load_manifest(folder, ONNX_MANIFEST, "gate_onnx_manifest", ONNX_MANIFEST_VERSION)
     if isinstance(manifest, str):
         return manifest
-    source = manifest.get("source") or {}
+    source = section(manifest, "source")
     if source_weights_sha256 is not None and source.get("weights_sha256") != source_weights_sha256:
         return "it was built from other weights than the source folder holds now"
     return check_listed_files(folder, ONNX_MANIFEST, manifest)
