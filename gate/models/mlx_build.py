@@ -30,7 +30,7 @@ from gate.core.storage.files import gate_cache_dir
 from gate.errors import EngineError, InputError
 from gate.models.default import build_and_publish, read_build_manifest
 from gate.models.hashing import source_hashes
-from gate.models.listing import check_listed_files, listing_sha256, load_manifest
+from gate.models.listing import check_listed_files, listing_sha256, load_manifest, section
 from gate.version import install_line
 
 MLX_MANIFEST = "gate-mlx-manifest.json"
@@ -126,7 +126,7 @@ def check_mlx_folder(folder: Path, *, source_weights_sha256: str | None = None) 
     manifest = load_manifest(folder, MLX_MANIFEST, "gate_mlx_manifest", MLX_MANIFEST_VERSION)
     if isinstance(manifest, str):
         return manifest
-    source = manifest.get("source") or {}
+    source = section(manifest, "source")
     if source_weights_sha256 is not None and source.get("weights_sha256") != source_weights_sha256:
         return "it was built from other weights than the source folder holds now"
     return check_listed_files(folder, MLX_MANIFEST, manifest)

@@ -1,4 +1,4 @@
-"""A manifest of a build gate keeps (the default model, an ONNX build, an ExecuTorch program),
+"""A manifest of a build gate keeps (the default model, an MLX, ONNX or ExecuTorch build),
 damaged on disk into JSON of another shape, is a folder to rebuild (its check says why) and no
 provenance, never an error: each engine checks its build before it loads it, and the llama.cpp
 engine and llama-server read the default model's GGUF provenance."""
@@ -24,8 +24,10 @@ def checks() -> list[tuple[str, str, Callable[[Path], object]]]:
     from gate.engines.executorch.cache import PTE_MANIFEST, check_program_folder
     from gate.engines.ortgenai.builder import ONNX_MANIFEST, check_onnx_folder
     from gate.models.default import MANIFEST, check_folder
+    from gate.models.mlx_build import MLX_MANIFEST, check_mlx_folder
 
     return [
+        (MLX_MANIFEST, "gate_mlx_manifest", lambda f: check_mlx_folder(f, source_weights_sha256="0" * 64)),
         (MANIFEST, "gate_model_manifest", lambda f: check_folder(f, gguf_sha256="0" * 64)),
         (MANIFEST, "gate_model_manifest", check_folder),
         (ONNX_MANIFEST, "gate_onnx_manifest", lambda f: check_onnx_folder(f, source_weights_sha256="0" * 64)),
@@ -35,7 +37,7 @@ def checks() -> list[tuple[str, str, Callable[[Path], object]]]:
 
 
 @pytest.mark.parametrize("body", BODIES)
-@pytest.mark.parametrize("which", range(5))
+@pytest.mark.parametrize("which", range(6))
 def test_a_build_manifest_of_another_shape_is_a_reason_to_rebuild(tmp_path: Path, body: str, which: int) -> None:
     name, version_key, check = checks()[which]
     (tmp_path / "config.json").write_bytes(b"{}")
