@@ -169,13 +169,9 @@ def default_source_sha256(folder: str | os.PathLike[str] | None = None) -> str |
     """The sha256 of the GGUF the default model in `folder` (the cached one when not given)
     was dequantised from, as its manifest records it; None when it is not built or its
     manifest does not say (a damaged one: any other shape)."""
-    path = (Path(folder) if folder is not None else default_model_dir()) / MANIFEST
-    try:
-        manifest = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    source = manifest.get("source") if isinstance(manifest, dict) else None
-    value = source.get("sha256") if isinstance(source, dict) else None
+    where = Path(folder) if folder is not None else default_model_dir()
+    manifest = load_manifest(where, MANIFEST, "gate_model_manifest", MANIFEST_VERSION)
+    value = section(manifest, "source").get("sha256") if not isinstance(manifest, str) else None
     return value if isinstance(value, str) else None
 
 
